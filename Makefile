@@ -1,0 +1,28 @@
+# The course's commands. `make lab` and `make test` set everything up first.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.d2lpar-installed
+
+.PHONY: lab test bench info clean
+
+lab: $(STAMP)  ## open the course in JupyterLab
+	$(BIN)/jupyter lab --notebook-dir=notebooks
+
+test: $(STAMP)  ## unit tests, then every notebook under nbval
+	$(BIN)/python -m pytest
+
+bench: $(STAMP)  ## speed comparisons, printed as ratios measured in one run
+	$(BIN)/python -m benchmarks
+
+info: $(STAMP)  ## what this machine has: torch, CUDA, GPUs, backends
+	$(BIN)/python -m d2lpar info
+
+# Re-installs only when the dependencies change.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[course]'
+	touch $@
+
+clean:
+	rm -rf $(VENV) *.egg-info

@@ -1,0 +1,19 @@
+"""Command line: `python -m d2lpar info` prints a report on this machine."""
+import argparse
+import sys
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog='python -m d2lpar',
+                                     description='Tools of the d2lpar course.')
+    sub = parser.add_subparsers(dest='command', required=True)
+    sub.add_parser('info', help='print torch/CUDA versions, GPUs, backends and CPU count')
+    args = parser.parse_args(argv)
+    if args.command == 'info':
+        from .info import report
+        print(report())
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

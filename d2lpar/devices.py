@@ -1,0 +1,77 @@
+"""Devices: which GPUs exist, and device slots for demos that fall back honestly."""
+import os
+
+import torch
+
+__all__ = ['try_gpu', 'try_all_gpus', 'num_gpus', 'device_slots',
+           'hardware_tier', 'synchronize', 'small_workload']
+
+
+def num_gpus():
+    """Return the number of visible CUDA devices (0 without CUDA)."""
+    return torch.cuda.device_count()
+
+
+def try_gpu(i=0):
+    """Return gpu(i) if it exists, otherwise return cpu()."""
+    if num_gpus() >= i + 1:
+        return torch.device(f'cuda:{i}')
+    return torch.device('cpu')
+
+
+def try_all_gpus():
+    """Return all available GPUs, or [cpu()] if there is no GPU."""
+    devices = [torch.device(f'cuda:{i}') for i in range(num_gpus())]
+    return devices if devices else [torch.device('cpu')]
+
+
+def device_slots(n, verbose=True):
+    """Return `n` device slots for a multi-device demo, reusing devices if needed.
+
+    With at least `n` GPUs the slots are `cuda:0 .. cuda:n-1`. With fewer GPUs
+    the visible GPUs are reused in turn, and without CUDA every slot is the
+    CPU. Reused slots still hold independent copies of whatever is placed on
+    them, so the arithmetic of a demo is unchanged; only the speed is not that
+    of `n` separate devices, and `verbose` says so.
+    """
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f'device_slots(n) needs a positive int n, got {n!r}')
+    gpus = num_gpus()
+    if gpus >= n:
+        slots = [torch.device(f'cuda:{i}') for i in range(n)]
+        note = f'{n} slot(s) on {n} separate GPU(s)'
+    elif gpus > 0:
+        slots = [torch.device(f'cuda:{i % gpus}') for i in range(n)]
+        note = (f'asked for {n} slots but only {gpus} GPU(s) are visible: '
+                f'the slots share them, so results are exact but not faster')
+    else:
+        slots = [torch.device('cpu')] * n
+        note = (f'no GPU visible: {n} slot(s) on the CPU, holding '
+                f'independent copies; results are exact, the speed is the CPU\'s')
+    if verbose:
+        print(f'device slots {[str(d) for d in slots]}: {note}')
+    return slots
+
+
+def hardware_tier():
+    """Return the course's hardware tier of this machine as a short string."""
+    gpus = num_gpus()
+    if gpus == 0:
+        return 'CPU only'
+    return '1 GPU' if gpus == 1 else f'{gpus} GPUs'
+
+
+def synchronize(device=None):
+    """Wait for queued work on `device` (all CUDA work if None); no-op on CPU."""
+    if device is not None and torch.device(device).type != 'cuda':
+        return
+    if torch.cuda.is_available():
+        torch.cuda.synchronize(device)
+
+
+def small_workload():
+    """Return True when notebooks should run their small CI workload.
+
+    The test suite sets D2LPAR_SMALL=1; learners get the full workload.
+    """
+    return os.environ.get('D2LPAR_SMALL', '0') not in ('', '0')

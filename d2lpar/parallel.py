@@ -1,0 +1,105 @@
+"""Parallel primitives for single-process data parallelism across device slots."""
+import torch
+
+__all__ = ['get_params', 'scatter', 'split_batch', 'allreduce']
+
+
+def _check_devices(devices, caller):
+    if isinstance(devices, (str, torch.device)) or not hasattr(devices, '__len__'):
+        raise TypeError(f'{caller}: devices must be a list of devices such as '
+                        f"[torch.device('cpu'), torch.device('cpu')], got {devices!r}")
+    if len(devices) == 0:
+        raise ValueError(f'{caller}: the device list is empty; pass at least one '
+                         f'device, e.g. d2lpar.device_slots(2)')
+    try:
+        return [torch.device(d) for d in devices]
+    except (RuntimeError, TypeError) as e:
+        raise TypeError(f'{caller}: {devices!r} is not a list of devices ({e})') from None
+
+
+def get_params(params, device):
+    """Copy parameters to `device` as new leaf tensors that require grad.
+
+    The copy is unconditional: `p.to(device)` returns `p` itself when it is
+    already there, and two "replicas" sharing one tensor would accumulate each
+    other's gradients.
+    """
+    if isinstance(params, torch.Tensor) or not hasattr(params, '__iter__'):
+        raise TypeError(f'get_params: params must be a list of tensors, got {type(params).__name__}')
+    params = list(params)
+    for i, p in enumerate(params):
+        if not isinstance(p, torch.Tensor):
+            raise TypeError(f'get_params: params[{i}] is a {type(p).__name__}, not a tensor')
+    device = torch.device(device)
+    return [p.detach().to(device, copy=True).requires_grad_() for p in params]
+
+
+def scatter(data, devices):
+    """Split `data` along dim 0 into one part per device, as torch.chunk does.
+
+    Works for CPU slots too (torch.nn.parallel.scatter accepts GPUs only).
+    The parts of a CPU tensor kept on the CPU are views of `data`.
+    """
+    devices = _check_devices(devices, 'scatter')
+    if not isinstance(data, torch.Tensor):
+        raise TypeError(f'scatter: data must be a tensor, got {type(data).__name__}')
+    if data.dim() == 0:
+        raise ValueError('scatter: cannot split a 0-dim tensor; give it a batch dimension first')
+    n, k = data.shape[0], len(devices)
+    if n < k:
+        raise ValueError(f'scatter: {n} rows cannot be split across {k} devices; '
+                         f'use a batch of at least {k} rows or fewer devices')
+    parts = torch.chunk(data, k)
+    if len(parts) < k:
+        # torch.chunk makes parts of ceil(n/k) rows, which can run out early
+        # (5 rows, 4 devices -> 2+2+1). nn.DataParallel would then quietly use
+        # fewer devices; saying so is better than changing the experiment.
+        raise ValueError(f'scatter: torch.chunk splits {n} rows into only {len(parts)} '
+                         f'parts for {k} devices, leaving a device idle; use a batch '
+                         f'size that is a multiple of {k}')
+    return [part.to(device) for part, device in zip(parts, devices)]
+
+
+def split_batch(X, y, devices):
+    """Split `X` and `y` into multiple devices."""
+    if not isinstance(X, torch.Tensor) or not isinstance(y, torch.Tensor):
+        raise TypeError('split_batch: X and y must be tensors, got '
+                        f'{type(X).__name__} and {type(y).__name__}')
+    if X.dim() == 0 or y.dim() == 0 or X.shape[0] != y.shape[0]:
+        raise ValueError(f'split_batch: X and y need the same number of rows, got shapes '
+                         f'{tuple(X.shape)} and {tuple(y.shape)}')
+    return scatter(X, devices), scatter(y, devices)
+
+
+def allreduce(data):
+    """Sum the tensors in `data` in place, so that every one holds the total.
+
+    Entries may live on different devices or on the same one; they must not
+    share memory, since an aliased entry would be counted twice.
+    """
+    if isinstance(data, torch.Tensor) or not hasattr(data, '__len__'):
+        raise TypeError(f'allreduce: data must be a list of tensors, got {type(data).__name__}')
+    if len(data) == 0:
+        raise ValueError('allreduce: data is empty; pass one tensor per device')
+    for i, t in enumerate(data):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f'allreduce: data[{i}] is a {type(t).__name__}, not a tensor '
+                            '(a gradient that is None means backward has not run)')
+        if t.shape != data[0].shape or t.dtype != data[0].dtype:
+            raise ValueError(f'allreduce: data[{i}] has shape {tuple(t.shape)} and dtype '
+                             f'{t.dtype}, data[0] has {tuple(data[0].shape)} and '
+                             f'{data[0].dtype}; every entry must match')
+    seen = {}
+    for i, t in enumerate(data):
+        key = (t.device, t.untyped_storage().data_ptr())
+        if t.numel() and key in seen:
+            raise ValueError(f'allreduce: data[{seen[key]}] and data[{i}] share memory, so '
+                             'the sum would count it twice; replicas must be independent '
+                             'copies (see d2lpar.get_params)')
+        seen[key] = i
+    with torch.no_grad():
+        total = data[0].clone()
+        for t in data[1:]:
+            total += t.to(total.device)
+        for t in data:
+            t.copy_(total)

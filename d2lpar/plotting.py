@@ -1,0 +1,96 @@
+"""Plotting: an Animator that redraws one PNG in place while training runs."""
+import io
+
+__all__ = ['Animator', 'in_notebook']
+
+
+def in_notebook():
+    """Return True inside a Jupyter kernel (JupyterLab, nbval), else False."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and hasattr(shell, 'kernel')
+
+
+class Animator:
+    """Plot data in animation.
+
+    In a notebook the figure is one PNG output that is replaced on every
+    `add`, so it grows live without piling up copies. In a plain script it
+    prints each new point instead, which keeps scripts and logs readable.
+    """
+
+    def __init__(self, xlabel=None, ylabel=None, legend=None, xlim=None,
+                 ylim=None, xscale='linear', yscale='linear',
+                 fmts=('-', 'm--', 'g-.', 'r:'), figsize=(3.5, 2.5),
+                 title=None):
+        # A bare Figure avoids pyplot's global state and its auto-display.
+        from matplotlib.figure import Figure
+        self.fig = Figure(figsize=figsize)
+        self.axes = self.fig.add_subplot()
+        self.xlabel, self.ylabel, self.legend = xlabel, ylabel, list(legend or [])
+        self.xlim, self.ylim, self.xscale, self.yscale = xlim, ylim, xscale, yscale
+        self.fmts, self.title = fmts, title
+        self.X, self.Y = None, None
+        self._handle = None
+
+    def add(self, x, y):
+        """Add one point per line: x and y are scalars or equal-length lists."""
+        if not hasattr(y, '__len__'):
+            y = [y]
+        n = len(y)
+        if not hasattr(x, '__len__'):
+            x = [x] * n
+        if len(x) != n:
+            raise ValueError(f'Animator.add: got {len(x)} x values for {n} y values')
+        if self.X is None:
+            self.X, self.Y = [[] for _ in range(n)], [[] for _ in range(n)]
+        if n != len(self.Y):
+            raise ValueError(f'Animator.add: this plot has {len(self.Y)} lines, got {n} values')
+        for i, (a, b) in enumerate(zip(x, y)):
+            if a is not None and b is not None:
+                self.X[i].append(a)
+                self.Y[i].append(b)
+        self._redraw()
+        if in_notebook():
+            self._show()
+        else:
+            names = self.legend or [self.ylabel or 'y'] * n
+            points = ', '.join(f'{name} {v:.4g}' for name, v in zip(names, y) if v is not None)
+            print(f'{self.xlabel or "x"} {x[0]:g}: {points}')
+
+    def _redraw(self):
+        ax = self.axes
+        ax.cla()
+        for xs, ys, fmt in zip(self.X, self.Y, self.fmts):
+            ax.plot(xs, ys, fmt)
+        ax.set_xlabel(self.xlabel)
+        ax.set_ylabel(self.ylabel)
+        ax.set_xscale(self.xscale)
+        ax.set_yscale(self.yscale)
+        if self.xlim:
+            ax.set_xlim(self.xlim)
+        if self.ylim:
+            ax.set_ylim(self.ylim)
+        if self.title:
+            ax.set_title(self.title)
+        if self.legend:
+            ax.legend(self.legend)
+        ax.grid()
+        self.fig.tight_layout()
+
+    def png(self):
+        """Return the current figure as PNG bytes."""
+        buf = io.BytesIO()
+        self.fig.savefig(buf, format='png', dpi=100)
+        return buf.getvalue()
+
+    def _show(self):
+        from IPython.display import Image, display
+        image = Image(data=self.png(), format='png')
+        if self._handle is None:
+            self._handle = display(image, display_id=True)
+        else:
+            self._handle.update(image)
