@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-__all__ = ['load_data_fashion_mnist', 'get_fashion_mnist_labels', 'TensorLoader',
+__all__ = ['load_data_fashion_mnist', 'prepare_fashion_mnist', 'get_fashion_mnist_labels', 'TensorLoader',
            'data_root', 'fashion_mnist_source', 'make_standin', 'offline']
 
 FILES = {  # name: (IDX magic number, number of items)
@@ -288,6 +288,11 @@ def _warn_standin(reason):
 
 # ------------------------------------------------------------------ loading
 
+def _check_batch_size(batch_size):
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f'batch_size must be a positive int, got {batch_size!r}')
+
+
 class TensorLoader:
     """Iterate over minibatches of in-memory tensors (a light DataLoader).
 
@@ -296,8 +301,7 @@ class TensorLoader:
     """
 
     def __init__(self, X, y, batch_size, shuffle=False, resize=None):
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-            raise ValueError(f'batch_size must be a positive int, got {batch_size!r}')
+        _check_batch_size(batch_size)
         if len(X) != len(y):
             raise ValueError(f'X has {len(X)} rows but y has {len(y)}')
         self.X, self.y = X, y
@@ -330,8 +334,8 @@ def _read(raw, train):
     return ds.data.unsqueeze(1).float().div_(255), ds.targets
 
 
-def load_data_fashion_mnist(batch_size, resize=None, root=None):
-    """Load Fashion-MNIST into memory and return (train_iter, test_iter).
+def prepare_fashion_mnist(root=None):
+    """Return the raw folder of the Fashion-MNIST to use, downloading or generating it.
 
     Downloads the real data set into the data root the first time. When that
     is impossible (no network) or D2LPAR_OFFLINE=1 is set, it generates a
@@ -340,19 +344,27 @@ def load_data_fashion_mnist(batch_size, resize=None, root=None):
     """
     root = Path(root) if root else data_root()
     root.mkdir(parents=True, exist_ok=True)
-    raw = None
-    if _files_problem(root / 'FashionMNIST' / 'raw') is None:
-        raw = root / 'FashionMNIST' / 'raw'
-    elif offline():
+    real = root / 'FashionMNIST' / 'raw'
+    if _files_problem(real) is None:
+        return real
+    if offline():
         reason = 'D2LPAR_OFFLINE=1 is set (the test suite sets it)'
     else:
         try:
-            raw = _prepare_real(root)
+            return _prepare_real(root)
         except Exception as e:  # any failure to download means: fall back, loudly
             reason = f'the download failed ({type(e).__name__}: {str(e).splitlines()[0]})'
-    if raw is None:
-        _warn_standin(reason)
-        raw = _prepare_standin(root)
+    _warn_standin(reason)
+    return _prepare_standin(root)
+
+
+def load_data_fashion_mnist(batch_size, resize=None, root=None):
+    """Load Fashion-MNIST into memory and return (train_iter, test_iter).
+
+    See `prepare_fashion_mnist` for where the data comes from.
+    """
+    _check_batch_size(batch_size)
+    raw = prepare_fashion_mnist(root)
     train, test = _read(raw, True), _read(raw, False)
     return (TensorLoader(*train, batch_size, shuffle=True, resize=resize),
             TensorLoader(*test, batch_size, shuffle=False, resize=resize))

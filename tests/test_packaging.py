@@ -1,0 +1,78 @@
+"""Packaging: environment.yml agrees with pyproject.toml, notebooks are clean, info works."""
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+try:
+    import tomllib
+except ImportError:  # Python < 3.11 reads TOML with the tomli backport, if present
+    tomllib = pytest.importorskip('tomli')
+
+ROOT = Path(__file__).resolve().parent.parent
+CONDA_NAMES = {'torch': 'pytorch'}  # PyPI name -> conda-forge name where they differ
+
+
+def parse(requirement):
+    name, spec = re.match(r'\s*([A-Za-z0-9_.\-]+)\s*(.*)', requirement).groups()
+    return name.lower().replace('_', '-'), spec.replace(' ', '')
+
+
+def test_environment_yml_matches_pyproject():
+    project = tomllib.loads((ROOT / 'pyproject.toml').read_text())['project']
+    wanted = [*project['dependencies'], *project['optional-dependencies']['course']]
+    wanted = dict(parse(r) for r in wanted)
+    wanted = {CONDA_NAMES.get(name, name): spec for name, spec in wanted.items()}
+    env = yaml.safe_load((ROOT / 'environment.yml').read_text())
+    conda = [d for d in env['dependencies'] if isinstance(d, str)]
+    pip = [d for d in env['dependencies'] if isinstance(d, dict)][0]['pip']
+    listed = dict(parse(d) for d in conda if not d.startswith(('python', 'pip')))
+    assert listed == wanted
+    assert '-e .' in pip, 'environment.yml must install the package itself with pip: -e .'
+    python = [d for d in conda if re.match(r'python\b', d)][0]
+    assert python.replace(' ', '') == 'python' + project['requires-python']
+
+
+def test_notebooks_are_committed_without_outputs():
+    for path in sorted((ROOT / 'notebooks').glob('**/*.ipynb')):
+        if '.ipynb_checkpoints' in path.parts:
+            continue
+        cells = json.loads(path.read_text())['cells']
+        dirty = [i for i, c in enumerate(cells)
+                 if c['cell_type'] == 'code' and (c.get('outputs') or c.get('execution_count'))]
+        assert not dirty, f'{path.name}: cells {dirty} carry outputs; clear them before committing'
+
+
+def test_notebooks_are_numbered_and_end_with_summary_and_exercises():
+    for path in sorted((ROOT / 'notebooks').glob('*.ipynb')):
+        assert re.match(r'\d\d_\w+\.ipynb$', path.name), path.name
+        cells = json.loads(path.read_text())['cells']
+        headings = [c_line for c in cells if c['cell_type'] == 'markdown'
+                    for c_line in ''.join(c['source']).splitlines() if c_line.startswith('#')]
+        assert any(h.strip('# ').startswith('Summary') for h in headings), path.name
+        assert any(h.strip('# ').startswith('Exercises') for h in headings), path.name
+        first_code = next(c for c in cells if c['cell_type'] == 'code')
+        assert 'd2lpar.show_setup(' in ''.join(first_code['source']), path.name
+
+
+def test_import_has_no_side_effects():
+    code = ('import sys, torch; before = set(sys.modules); import d2lpar; '
+            'print(torch.cuda.is_initialized(), "matplotlib.pyplot" in sys.modules)')
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ['False', 'False']
+
+
+def test_info_command():
+    out = subprocess.run([sys.executable, '-m', 'd2lpar', 'info'], capture_output=True,
+                         text=True, check=True).stdout
+    import torch
+
+    import d2lpar
+    assert torch.__version__ in out
+    assert 'CUDA_VISIBLE_DEVICES' in out and 'gloo' in out and 'CPU cores' in out
+    assert f'hardware tier     {d2lpar.hardware_tier()}' in out

@@ -1,0 +1,49 @@
+"""Timer, Accumulator and a headless Animator."""
+import time
+
+import pytest
+
+import d2lpar
+
+
+def test_timer_records_and_sums():
+    timer = d2lpar.Timer()
+    for pause in (0.01, 0.02):
+        timer.start()
+        time.sleep(pause)
+        timer.stop()
+    assert len(timer.times) == 2
+    assert timer.times[0] >= 0.01 and timer.times[1] >= 0.02
+    assert timer.sum() == pytest.approx(sum(timer.times))
+    assert timer.avg() == pytest.approx(timer.sum() / 2)
+    assert timer.cumsum() == pytest.approx([timer.times[0], timer.sum()])
+
+
+def test_timer_avg_without_times():
+    timer = d2lpar.Timer()
+    with pytest.raises(RuntimeError, match='stop'):
+        timer.avg()
+
+
+def test_accumulator():
+    metric = d2lpar.Accumulator(2)
+    metric.add(3, 4)
+    metric.add(1.5, 2)
+    assert (metric[0], metric[1]) == (4.5, 6.0)
+    with pytest.raises(ValueError, match='holds 2 sums'):
+        metric.add(1)
+    metric.reset()
+    assert metric.data == [0.0, 0.0]
+
+
+def test_animator_headless_prints_points(capsys):
+    animator = d2lpar.Animator(xlabel='epoch', legend=['train loss', 'test acc'])
+    animator.add(1, (0.5, 0.75))
+    animator.add(2, (0.25, None))
+    out = capsys.readouterr().out.splitlines()
+    assert out == ['epoch 1: train loss 0.5, test acc 0.75', 'epoch 2: train loss 0.25']
+    assert animator.X == [[1, 2], [1]] and animator.Y == [[0.5, 0.25], [0.75]]
+    png = animator.png()
+    assert png.startswith(b'\x89PNG') and len(png) > 1000
+    with pytest.raises(ValueError, match='has 2 lines'):
+        animator.add(3, (1, 2, 3))
