@@ -6,8 +6,11 @@ STAMP := $(VENV)/.d2lpar-installed
 
 .PHONY: lab test bench info clean
 
+# Jupyter refuses to run as root unless told to (containers often run as root).
+ROOT_FLAG := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root)
+
 lab: $(STAMP)  ## open the course in JupyterLab
-	$(BIN)/jupyter lab --notebook-dir=notebooks
+	$(BIN)/jupyter lab --notebook-dir=notebooks $(ROOT_FLAG)
 
 test: $(STAMP)  ## unit tests, then every notebook under nbval
 	$(BIN)/python -m pytest
