@@ -14,7 +14,8 @@ def num_gpus():
 
 def try_gpu(i=0):
     """Return gpu(i) if it exists, otherwise return cpu()."""
-    if num_gpus() >= i + 1:
+    # A negative index is no GPU: without the lower bound, try_gpu(-1) gave cuda:-1.
+    if 0 <= i < num_gpus():
         return torch.device(f'cuda:{i}')
     return torch.device('cpu')
 

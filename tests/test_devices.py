@@ -16,6 +16,7 @@ def fake_gpus(monkeypatch):
 def test_try_gpu_falls_back_to_cpu(fake_gpus):
     fake_gpus(0)
     assert d2lpar.try_gpu() == torch.device('cpu')
+    assert d2lpar.try_gpu(-1) == torch.device('cpu')
     assert d2lpar.try_all_gpus() == [torch.device('cpu')]
     assert d2lpar.hardware_tier() == 'CPU only'
 
@@ -24,6 +25,7 @@ def test_try_gpu_with_gpus(fake_gpus):
     fake_gpus(2)
     assert d2lpar.try_gpu(1) == torch.device('cuda:1')
     assert d2lpar.try_gpu(2) == torch.device('cpu')
+    assert d2lpar.try_gpu(-1) == torch.device('cpu')  # not cuda:-1
     assert d2lpar.try_all_gpus() == [torch.device('cuda:0'), torch.device('cuda:1')]
     assert d2lpar.hardware_tier() == '2 GPUs'
 
