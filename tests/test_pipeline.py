@@ -1,0 +1,137 @@
+"""Model splitting and GPipe pipelining, checked against the unsplit network."""
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import d2lpar
+
+CPU = torch.device('cpu')
+
+
+def mlp(layers=4, width=8):
+    torch.manual_seed(0)
+    body = [m for _ in range(layers) for m in (nn.Linear(width, width), nn.Tanh())]
+    return nn.Sequential(*body, nn.Linear(width, 3)).double()
+
+
+def full_batch(net, X, y):
+    net.zero_grad()
+    loss = nn.functional.cross_entropy(net(X), y)
+    loss.backward()
+    return loss.item(), [p.grad.clone() for p in net.parameters()]
+
+
+def data(n=12, width=8):
+    g = torch.Generator().manual_seed(1)
+    X = torch.randn(n, width, generator=g, dtype=torch.float64)
+    return X, torch.randint(0, 3, (n,), generator=g)
+
+
+@pytest.mark.parametrize('p', [1, 2, 3])
+def test_model_parallel_equals_unsplit(p):
+    net = mlp()
+    X, y = data()
+    loss, expected = full_batch(net, X, y)
+    model = d2lpar.ModelParallel(net, [CPU] * p)
+    assert len(model.stages) == p and sum(len(s) for s in model.stages) == len(net)
+    torch.testing.assert_close(model(X), net(X), rtol=0, atol=0)
+    nn.functional.cross_entropy(model(X), y).backward()
+    torch.testing.assert_close([q.grad for q in model.parameters()], expected, rtol=0, atol=0)
+    # The stages are a copy: the reference net is untouched by the split model's training.
+    assert all(q.data_ptr() != r.data_ptr() for q, r in zip(model.parameters(), net.parameters()))
+
+
+def test_model_parallel_bad_input():
+    with pytest.raises(TypeError, match='nn.Sequential'):
+        d2lpar.ModelParallel(nn.Linear(2, 2), [CPU, CPU])
+    with pytest.raises(ValueError, match='3 layers cannot fill 4 stages'):
+        d2lpar.ModelParallel(nn.Sequential(nn.ReLU(), nn.ReLU(), nn.ReLU()), [CPU] * 4)
+    with pytest.raises(ValueError, match=r'balance=\[1, 1\]'):
+        d2lpar.ModelParallel(nn.Sequential(nn.ReLU(), nn.ReLU(), nn.ReLU()), [CPU] * 2, [1, 1])
+    with pytest.raises(ValueError, match='empty'):
+        d2lpar.ModelParallel(nn.Sequential(nn.ReLU()), [])
+
+
+@pytest.mark.parametrize('p,chunks,n', [(1, 1, 12), (2, 1, 12), (2, 4, 12), (3, 3, 12),
+                                        (3, 12, 12), (2, 4, 10)])  # 10 rows: 3+3+3+1
+def test_gpipe_gradients_equal_full_batch(p, chunks, n):
+    net = mlp()
+    X, y = data(n)
+    loss, expected = full_batch(net, X, y)
+    model = d2lpar.ModelParallel(net, [CPU] * p)
+    got, events = d2lpar.gpipe_step(model, X, y, nn.CrossEntropyLoss(), chunks)
+    assert math.isclose(got, loss, rel_tol=1e-12)
+    torch.testing.assert_close([q.grad for q in model.parameters()], expected,
+                               rtol=1e-12, atol=1e-14)
+    assert d2lpar.schedule_problems(events, p, chunks) == []
+
+
+def test_gpipe_bad_input_and_failing_stage():
+    model = d2lpar.ModelParallel(mlp(), [CPU, CPU])
+    X, y = data()
+    with pytest.raises(ValueError, match='do not make 5 micro-batches'):
+        d2lpar.gpipe_step(model, X[:8], y[:8], nn.CrossEntropyLoss(), 5)  # chunk gives 4 of 2
+    with pytest.raises(ValueError, match='chunks must be a positive int'):
+        d2lpar.gpipe_step(model, X, y, nn.CrossEntropyLoss(), 0)
+    with pytest.raises(ValueError, match='same number of rows'):
+        d2lpar.gpipe_step(model, X, y[:5], nn.CrossEntropyLoss(), 2)
+    with pytest.raises(TypeError, match='ModelParallel'):
+        d2lpar.gpipe_step(mlp(), X, y, nn.CrossEntropyLoss(), 2)
+
+    def bad_loss(out, target):
+        raise ArithmeticError('boom')
+
+    # The last stage fails; the first must not wait for gradients forever.
+    with pytest.raises(RuntimeError, match='stage 1 on cpu failed: ArithmeticError: boom'):
+        d2lpar.gpipe_step(model, X, y, bad_loss, 3)
+
+
+@pytest.mark.parametrize('t_forward,t_backward', [(1, 1), (1, 2), (2, 3)])
+def test_bubble_fraction_matches_a_simulated_schedule(t_forward, t_backward):
+    for p in range(1, 6):
+        for m in range(1, 9):
+            events = d2lpar.pipeline_schedule(p, m, t_forward, t_backward)
+            assert d2lpar.schedule_problems(events, p, m) == []
+            makespan = max(e[4] for e in events)
+            assert makespan == (m + p - 1) * (t_forward + t_backward)
+            assert math.isclose(d2lpar.idle_fraction(events, p), d2lpar.bubble_fraction(p, m),
+                                abs_tol=1e-12)
+    assert d2lpar.bubble_fraction(4, 1) == 3 / 4  # naive model parallelism: one stage busy
+    assert d2lpar.bubble_fraction(1, 7) == 0
+
+
+def test_schedule_problems_finds_broken_schedules():
+    events = d2lpar.pipeline_schedule(2, 2)
+    early = [(1, 0, 'F', 0, 1) if e[:3] == (1, 0, 'F') else e for e in events]
+    assert any('before F0 of stage 0 ended' in s for s in d2lpar.schedule_problems(early, 2, 2))
+    assert d2lpar.schedule_problems(events[1:], 2, 2) == ['F0 never runs on stage 0']
+    overlap = events + [(0, 0, 'F', 0, 1)]
+    assert 'F0 runs twice on stage 0' in d2lpar.schedule_problems(overlap, 2, 2)
+    with pytest.raises(ValueError, match='num_microbatches'):
+        d2lpar.pipeline_schedule(2, 0)
+
+
+def test_plot_schedule_draws_one_box_per_task():
+    events = d2lpar.pipeline_schedule(3, 4)
+    fig = d2lpar.plot_schedule(events, 3, title='GPipe')
+    ax = fig.axes[0]
+    assert len(ax.patches) == len(events) == 2 * 3 * 4
+    assert [t.get_text() for t in ax.get_yticklabels()] == ['stage 0', 'stage 1', 'stage 2']
+
+
+def test_memory_footprint_by_hand():
+    net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
+                        nn.Linear(32, 4))
+    X = torch.randn(10, 16)
+    mem = d2lpar.memory_footprint(net, X, optimizer_states=2)
+    params = (16 * 32 + 32 + 32 * 32 + 32 + 32 * 4 + 4) * 4
+    # Saved for backward: the input X, and each ReLU's output (which the next
+    # Linear saves too: it is one storage, counted once).
+    activations = (10 * 16 + 10 * 32 + 10 * 32) * 4
+    assert mem == {'parameters': params, 'gradients': params, 'optimizer': 2 * params,
+                   'activations': activations}
+    assert d2lpar.memory_footprint(net, torch.randn(20, 16))['activations'] == 2 * activations
+    with pytest.raises(ValueError, match='optimizer_states'):
+        d2lpar.memory_footprint(net, X, optimizer_states=-1)
