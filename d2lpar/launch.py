@@ -1,0 +1,642 @@
+"""Run a script as N processes through torchrun from a notebook, and leave nothing behind.
+
+    result = d2lpar.launch('scripts/ddp_torchrun.py', nproc=2, args=['--epochs', '2'],
+                           timeout=120)
+    result.returncode, result.ok, result.timed_out, result.port, result.commands
+    result.output[0]          # lines rank 0 printed (its stdout and stderr)
+    result.output['torchrun'] # what torchrun itself printed
+    result.results            # JSON objects the ranks passed to d2lpar.emit_result
+    result.by_rank('loss')    # {rank: 'loss' of that rank's last result}
+    result.check()            # raise RuntimeError showing the output if it failed
+
+How it works. `launch` picks a free port on 127.0.0.1 and starts
+`python -m torch.distributed.run` (torchrun) in a session of its own, so a
+kernel interrupt reaches the launcher and not torchrun. Each rank runs a small
+shim that sends its stdout and stderr to a file of its own; the launcher tails
+those files and prints every line prefixed by its rank from the calling thread,
+which is what reaches a notebook cell (also under nbval, where output written
+to file descriptors by children is lost). Ranks hand results back through
+`d2lpar.emit_result`, which writes JSON files into a directory the launcher
+names in D2LPAR_RESULT_DIR. D2LPAR_DIST_TIMEOUT tells `d2lpar.default_timeout`
+to keep init_process_group's own timeout below the launch's.
+
+Every process of a launch carries D2LPAR_LAUNCH_ID in its environment. When a
+rank crashes, the timeout fires or the caller is interrupted (KeyboardInterrupt),
+the launcher sends SIGTERM to torchrun (which stops its workers, each in a
+session of its own), waits `grace` seconds, then finds every process still
+carrying the launch's id, ends it (SIGTERM, then SIGKILL) and finally kills
+torchrun. On Linux torchrun is also asked to receive SIGTERM if the launching
+process dies (a kernel restart), and every launch first ends whatever earlier
+launches of Python processes that have died left behind. `launched_processes()`
+lists what is left (it should be nothing) and `end_processes` ends it; both read
+/proc on Linux and `ps` elsewhere. Windows is not supported (use WSL there).
+"""
+import json
+import os
+import queue
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import namedtuple
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ['LaunchResult', 'launch', 'free_port', 'port_is_free', 'launched_processes',
+           'end_processes', 'loopback_interface']
+
+LAUNCHERS = ('torchrun', 'python', 'torch.distributed.launch')
+MARKER = 'D2LPAR_LAUNCH_ID'
+
+# Runs in every rank: send this process's output to a file of its own, then run the script
+# as `python script args` would (legacy `--local-rank=N` goes right after the script name).
+# Once the script and its atexit handlers are done, the rank ends with os._exit: with
+# torch 2.14, DDP keeps its gloo process group alive after destroy_process_group, and
+# tearing it down in C++ at interpreter exit sometimes aborts the rank ("terminate called
+# without an active exception", a few percent of short torchrun runs on a busy machine).
+_RANK_SHIM = r'''
+import atexit, os, runpy, sys
+argv = sys.argv[1:]
+legacy = []
+while argv and argv[0].startswith(('--local-rank=', '--local_rank=')):
+    legacy.append(argv.pop(0))
+name = 'rank' + os.environ['RANK'] if 'RANK' in os.environ else 'main'
+fd = os.open(os.path.join(os.environ['D2LPAR_LOG_DIR'], name + '.log'),
+             os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+sys.stdout.flush(); sys.stderr.flush()
+os.dup2(fd, 1); os.dup2(fd, 2); os.close(fd)
+del fd, name
+sys.argv = [argv[0]] + legacy + argv[1:]
+sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+del argv, legacy
+
+
+def show_from_script(kind, value, tb):  # a traceback starts at the script, not in this shim
+    first = tb
+    while first is not None and first.tb_frame.f_code.co_filename != sys.argv[0]:
+        first = first.tb_next
+    sys.__excepthook__(kind, value.with_traceback(first or tb), first or tb)
+
+
+sys.excepthook = show_from_script
+exit_code = [0]
+
+
+def skip_cpp_teardown():  # registered first, so it runs after every other atexit handler
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code[0])
+
+
+atexit.register(skip_cpp_teardown)
+try:
+    runpy.run_path(sys.argv[0], run_name='__main__')
+except SystemExit as e:
+    exit_code[0] = e.code if isinstance(e.code, int) else int(e.code is not None)
+    raise
+except KeyboardInterrupt:
+    exit_code[0] = 130
+    raise
+except BaseException:
+    exit_code[0] = 1
+    raise
+'''
+
+# Runs before torchrun (then becomes it through exec): on Linux, ask for SIGTERM when the
+# launching process dies, so a restarted kernel does not leave torchrun running.
+_AGENT_WRAPPER = r'''
+import os, sys
+if sys.platform.startswith('linux'):
+    import ctypes, signal
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+    if os.getppid() != int(sys.argv[1]):
+        sys.exit(143)
+os.execv(sys.argv[2], sys.argv[2:])
+'''
+
+
+@dataclass
+class LaunchResult:
+    """What a launch did: exit status, each rank's output lines, results the ranks emitted."""
+    returncode: int
+    output: dict
+    results: list
+    timed_out: bool = False
+    port: int = None
+    commands: list = field(default_factory=list)  # what each started process runs, as a shell line
+    elapsed: float = 0.0
+    launch_id: str = ''
+
+    @property
+    def ok(self):
+        """Return True when every process exited with status 0 in time."""
+        return self.returncode == 0 and not self.timed_out
+
+    def by_rank(self, key=None):
+        """Return {rank: last result of that rank} (or of its field `key`)."""
+        table = {}
+        for record in self.results:
+            table[record['rank']] = record if key is None else record[key]
+        return dict(sorted(table.items()))
+
+    def text(self):
+        """Return all output as prefixed lines, ranks first, then the launcher's streams."""
+        return '\n'.join(f'[{_label(name)}] {line}' for name in _stream_order(self.output)
+                         for line in self.output[name])
+
+    def check(self):
+        """Raise RuntimeError with the output if the launch failed; return self otherwise."""
+        if not self.ok:
+            why = 'timed out' if self.timed_out else f'exited with status {self.returncode}'
+            tail = '\n'.join(f'[{_label(name)}] {line}' for name in _stream_order(self.output)
+                             for line in self.output[name][-15:])
+            raise RuntimeError(f'launch {why}: {self.commands[0]}\n(last lines of each '
+                               f'stream)\n{tail}')
+        return self
+
+
+def _label(name):
+    return f'rank {name}' if isinstance(name, int) else name
+
+
+def _stream_order(output):
+    ranks = sorted(k for k in output if isinstance(k, int))
+    return ranks + sorted(k for k in output if not isinstance(k, int))
+
+
+def free_port(host='127.0.0.1'):
+    """Return a TCP port on `host` that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(port, host='127.0.0.1'):
+    """Return True if a server could listen on `host:port` now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        if os.name == 'posix':  # as TCPStore does: old TIME_WAIT connections do not count
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+            s.listen(1)
+        except OSError:
+            return False
+    return True
+
+
+def loopback_interface():
+    """Return the name of the loopback network interface ('lo' on Linux, 'lo0' on macOS)."""
+    names = [name for _, name in socket.if_nameindex()] if hasattr(socket, 'if_nameindex') else []
+    for name in names:
+        if name.startswith('lo'):
+            return name
+    return 'lo0' if sys.platform == 'darwin' else 'lo'
+
+
+# ---------------------------------------------------------------- finding processes
+
+ProcInfo = namedtuple('ProcInfo', 'pid ppid pgid launch_id start cmd')
+
+
+def _read(path, mode='r'):
+    try:
+        with open(path, mode) as f:
+            return f.read()
+    except OSError:  # gone, or not ours to read
+        return None
+
+
+def _proc_stat(pid):
+    """Return (state, ppid, pgid, start time) of a Linux process, or None."""
+    stat = _read(f'/proc/{pid}/stat')
+    if not stat:
+        return None
+    fields = stat.rsplit(')', 1)[1].split()
+    return fields[0], int(fields[1]), int(fields[2]), int(fields[19])
+
+
+def _linux_processes():
+    table = []
+    for entry in os.listdir('/proc'):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        stat = _proc_stat(pid)
+        environ = _read(f'/proc/{pid}/environ', 'rb')
+        if stat is None or not environ or stat[0] in 'ZX':
+            continue
+        launch_id = None
+        for item in environ.split(b'\0'):
+            if item.startswith(MARKER.encode() + b'='):
+                launch_id = item.split(b'=', 1)[1].decode(errors='replace')
+        cmd = (_read(f'/proc/{pid}/cmdline', 'rb') or b'').replace(b'\0', b' ').decode(
+            errors='replace').strip()
+        table.append(ProcInfo(pid, stat[1], stat[2], launch_id, stat[3], cmd))
+    return table
+
+
+def _ps_processes():
+    # BSD ps (macOS) prints each process's environment after its command with -E.
+    out = subprocess.run(['ps', '-A', '-ww', '-E', '-o', 'pid=,ppid=,pgid=,stat=,command='],
+                         capture_output=True, text=True, timeout=10).stdout
+    table = []
+    for line in out.splitlines():
+        parts = line.split(None, 4)
+        if len(parts) < 5 or parts[3].startswith('Z'):
+            continue
+        marker = [w.split('=', 1)[1] for w in parts[4].split() if w.startswith(MARKER + '=')]
+        table.append(ProcInfo(int(parts[0]), int(parts[1]), int(parts[2]),
+                              marker[0] if marker else None, None, parts[4]))
+    return table
+
+
+def _all_processes():
+    if os.path.isdir('/proc/self'):
+        return _linux_processes()
+    if os.name == 'posix':
+        return _ps_processes()
+    return []
+
+
+def launched_processes(launch_id=None):
+    """Return the live processes of one launch (or of every launch made by this process)."""
+    if launch_id is None:
+        launch_id = f'{os.getpid()}-'
+    me = os.getpid()
+    return [p for p in _all_processes()
+            if p.launch_id and p.launch_id.startswith(launch_id) and p.pid != me]
+
+
+def _same_process(p):
+    """Return True if `p` still runs (not a zombie) and is the process we saw."""
+    if os.path.isdir('/proc/self'):
+        stat = _proc_stat(p.pid)
+        return stat is not None and stat[0] not in 'ZX' and (p.start is None or stat[3] == p.start)
+    try:
+        os.kill(p.pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return any(q.pid == p.pid and q.cmd == p.cmd for q in _all_processes())
+
+
+def _owner_alive(launch_id):
+    """Return True unless the process that made launch `launch_id` is gone."""
+    try:
+        owner = int(launch_id.split('-', 1)[0])
+        os.kill(owner, 0)
+    except ValueError:
+        return True  # not an id this module wrote: not ours to judge
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    stat = _proc_stat(owner) if os.path.isdir('/proc/self') else None
+    return stat is None or stat[0] not in 'ZX'
+
+
+def _end_orphans(say):
+    """End processes of earlier launches whose launching process died (a killed kernel)."""
+    orphans = [p for p in _all_processes()
+               if p.launch_id and p.pid != os.getpid() and not _owner_alive(p.launch_id)]
+    if orphans:
+        say(f'ending {len(orphans)} process(es) left by an earlier launch whose Python '
+            f'process is gone: {sorted(p.pid for p in orphans)}')
+        end_processes(orphans, grace=1.0)
+
+
+def _signal(pid, sig):
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _wait_until(predicate, seconds, step=0.05):
+    end = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() >= end:
+            return False
+        time.sleep(step)
+    return True
+
+
+def end_processes(procs, grace=3.0):
+    """End `procs` (from `launched_processes`): SIGTERM, then SIGKILL after `grace` s.
+
+    Returns the processes still alive afterwards (normally an empty list).
+    """
+    procs = [p for p in procs if p.pid != os.getpid()]
+    if not procs or os.name != 'posix':
+        return procs
+    for p in procs:
+        if _same_process(p):
+            _signal(p.pid, signal.SIGTERM)
+    alive = lambda: [p for p in procs if _same_process(p)]  # noqa: E731
+    if not _wait_until(lambda: not alive(), grace):
+        for p in alive():
+            _signal(p.pid, signal.SIGKILL)
+        _wait_until(lambda: not alive(), 5.0)
+    return alive()
+
+
+# ---------------------------------------------------------------- checking the arguments
+
+def _check_script(script):
+    if not isinstance(script, (str, os.PathLike)):
+        raise TypeError(f'script must be a path to a Python file, got {type(script).__name__}')
+    path = Path(script).expanduser().resolve()
+    if not path.is_file():
+        raise ValueError(f'no script at {str(script)!r} (looked in {path.parent}); '
+                         f'paths are relative to the working directory {os.getcwd()}')
+    return path
+
+
+def _check_count(value, name):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f'{name} must be a positive int, got {value!r}')
+    return value
+
+
+def _check_args(args):
+    if isinstance(args, (str, bytes)):
+        raise TypeError(f'args must be a list of strings, not one string {args!r}: '
+                        f'write args=[{", ".join(repr(a) for a in str(args).split())}]')
+    try:
+        args = list(args)
+    except TypeError:
+        raise TypeError(f'args must be a list of strings, got {type(args).__name__}') from None
+    for a in args:
+        if isinstance(a, bool) or not isinstance(a, (str, int, float, os.PathLike)):
+            raise TypeError(f'each of args must be a string or number, got {a!r}')
+    return [os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in args]
+
+
+def _check_seconds(value, name):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f'{name} must be a positive number of seconds, got {value!r}')
+    return float(value)
+
+
+def _check_env(env):
+    if env is None:
+        return {}
+    if not hasattr(env, 'items'):
+        raise TypeError(f'env must be a dict of variable names to values, got {type(env).__name__}')
+    checked = {}
+    for key, value in env.items():
+        if not isinstance(key, str) or not key or '=' in key:
+            raise ValueError(f'bad environment variable name {key!r}')
+        if value is not None and (isinstance(value, bool)
+                                  or not isinstance(value, (str, int, float))):
+            raise TypeError(f'env[{key!r}] must be a string, a number or None (to unset it), '
+                            f'got {value!r}')
+        checked[key] = None if value is None else str(value)
+    return checked
+
+
+# ---------------------------------------------------------------- one launch
+
+def _internal_frame(line):
+    """Return True for the lines of a Python traceback other than its last (the error)."""
+    return (line.startswith(('Traceback (most recent call last)', '  File "', '    '))
+            or not line.strip('^~ '))
+
+
+class _Streams:
+    """Collect output lines per stream and echo them, prefixed, from the calling thread."""
+
+    def __init__(self, log_dir, echo):
+        self.log_dir, self.echo = log_dir, echo
+        self.output, self.queue = {}, queue.Queue()
+        self.offsets, self.partial = {}, {}
+
+    def add(self, name, line):
+        self.output.setdefault(name, []).append(line)
+        if self.echo and not (isinstance(name, str) and _internal_frame(line)):
+            print(f'[{_label(name)}] {line}', flush=True)
+
+    def read_pipe(self, name, pipe):
+        """Thread body: queue every line of an agent's pipe."""
+        for raw in iter(pipe.readline, b''):
+            self.queue.put((name, raw.decode(errors='replace').rstrip('\r\n')))
+        pipe.close()
+
+    def pump(self, final=False):
+        while True:
+            try:
+                self.add(*self.queue.get_nowait())
+            except queue.Empty:
+                break
+        for entry in sorted(os.listdir(self.log_dir)):
+            stem = entry[:-len('.log')]
+            name = int(stem[4:]) if stem.startswith('rank') and stem[4:].isdigit() else stem
+            with open(os.path.join(self.log_dir, entry), 'rb') as f:
+                f.seek(self.offsets.get(entry, 0))
+                data = f.read()
+            self.offsets[entry] = self.offsets.get(entry, 0) + len(data)
+            text = self.partial.pop(entry, b'') + data
+            *lines, rest = text.split(b'\n')
+            for raw in lines:
+                self.add(name, raw.decode(errors='replace').rstrip('\r'))
+            if rest and final:
+                self.add(name, rest.decode(errors='replace'))
+            elif rest:
+                self.partial[entry] = rest
+
+
+def _commands(script, nproc, nnodes, args, launcher, port, work):
+    """Return [(stream name, argv)] for the processes a launch starts."""
+    shim = os.path.join(work, 'shim', script.name)  # so torchrun's reports name the script
+    if launcher == 'python':
+        return [('main', [sys.executable, '-u', shim, str(script), *args])]
+    module = 'torch.distributed.run' if launcher == 'torchrun' else launcher
+    common = [sys.executable, '-m', module, f'--nproc-per-node={nproc}',
+              f'--log-dir={os.path.join(work, "torchelastic")}']
+    tail = [shim, str(script), *args]
+    if nnodes == 1:
+        return [(launcher, common + ['--nnodes=1', '--node-rank=0', '--master-addr=127.0.0.1',
+                                       f'--master-port={port}', *tail])]
+    rdzv = [f'--nnodes={nnodes}', '--rdzv-backend=c10d', f'--rdzv-endpoint=127.0.0.1:{port}',
+            f'--rdzv-id={os.path.basename(work)}']
+    return [(f'node{i}', common + rdzv + tail) for i in range(nnodes)]
+
+
+def _shell_line(argv, script, work):
+    """Return `argv` as the command a person would type (torchrun, no shim, no log dir)."""
+    try:
+        shown = os.path.relpath(script)
+    except ValueError:  # another drive on Windows
+        shown = str(script)
+    words = []
+    for i, word in enumerate(argv[1:], 1):
+        if word == '-u' or work in word:  # the shim and the log directory
+            continue
+        if word == '-m' and argv[i + 1] == 'torch.distributed.run':
+            continue
+        if word == 'torch.distributed.run' and argv[i - 1] == '-m':
+            words.append('torchrun')
+        else:
+            words.append(shown if word == str(script) else word)
+    if words and words[0] != 'torchrun':
+        words.insert(0, 'python')
+    return shlex.join(words)
+
+
+def _popen(argv, env):
+    wrapped = [sys.executable, '-c', _AGENT_WRAPPER, str(os.getpid()), *argv]
+    return subprocess.Popen(wrapped, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def _shutdown(agents, launch_id, grace):
+    """Stop a launch: SIGTERM torchrun, then end whatever carries the launch id, then kill."""
+    blocked = threading.current_thread() is threading.main_thread() and hasattr(
+        signal, 'pthread_sigmask')
+    if blocked:  # a second interrupt must not cut the clean-up short; it is raised after
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        for agent in agents:
+            if agent.poll() is None:
+                agent.send_signal(signal.SIGTERM)
+        _wait_until(lambda: all(a.poll() is not None for a in agents), grace)
+        end_processes([p for p in launched_processes(launch_id)
+                       if p.pid not in {a.pid for a in agents}], grace=2.0)
+        for agent in agents:
+            if agent.poll() is None:
+                agent.kill()
+            agent.wait()
+        end_processes(launched_processes(launch_id), grace=1.0)
+    finally:
+        if blocked:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _collect_results(result_dir):
+    records = []
+    for entry in os.listdir(result_dir):
+        if entry.endswith('.json'):
+            rank, stamp, _ = entry[:-5].split('-', 2)
+            with open(os.path.join(result_dir, entry)) as f:
+                records.append(((int(rank), int(stamp)), json.load(f)))
+    return [record for _, record in sorted(records, key=lambda item: item[0])]
+
+
+def _launch_once(script, nproc, nnodes, args, timeout, env, echo, launcher, port, grace):
+    work = tempfile.mkdtemp(prefix='d2lpar-launch-')
+    suffix = os.path.basename(work)[len('d2lpar-launch-'):]
+    launch_id = f'{os.getpid()}-{suffix}-{uuid.uuid4().hex[:6]}'
+    agents, readers = [], []
+    streams = None
+    start = time.monotonic()
+    timed_out = False
+    try:
+        log_dir, result_dir = os.path.join(work, 'logs'), os.path.join(work, 'results')
+        os.mkdir(log_dir)
+        os.mkdir(result_dir)
+        os.mkdir(os.path.join(work, 'shim'))
+        with open(os.path.join(work, 'shim', script.name), 'w') as f:
+            f.write(_RANK_SHIM)
+        port = free_port() if port is None else port
+        child_env = dict(os.environ)
+        child_env.update({'OMP_NUM_THREADS': '1', MARKER: launch_id,
+                          'D2LPAR_LOG_DIR': log_dir, 'D2LPAR_RESULT_DIR': result_dir,
+                          'D2LPAR_DIST_TIMEOUT': f'{max(1.0, 0.75 * timeout):g}',
+                          'TORCH_ELASTIC_SHUTDOWN_TIMEOUT': str(max(1, int(grace / 2)))})
+        if launcher == 'python':
+            child_env.update({'MASTER_ADDR': '127.0.0.1', 'MASTER_PORT': str(port)})
+        for key, value in env.items():
+            if value is None:
+                child_env.pop(key, None)
+            else:
+                child_env[key] = value
+        commands = _commands(script, nproc, nnodes, args, launcher, port, work)
+        streams = _Streams(log_dir, echo)
+        _end_orphans(lambda text: streams.add('d2lpar.launch', text))
+        for name, argv in commands:
+            agent = _popen(argv, child_env)
+            agents.append(agent)
+            reader = threading.Thread(target=streams.read_pipe, args=(name, agent.stdout),
+                                      daemon=True)
+            reader.start()
+            readers.append(reader)
+        deadline = start + timeout
+        while any(agent.poll() is None for agent in agents):
+            streams.pump()
+            if time.monotonic() > deadline:
+                timed_out = True
+                streams.add('d2lpar.launch', f'timeout after {timeout:g} s: stopping all processes')
+                break
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        if streams is not None:
+            streams.add('d2lpar.launch', 'interrupted: stopping torchrun and its workers')
+        raise
+    finally:
+        try:
+            _shutdown(agents, launch_id, grace)
+            for reader in readers:
+                reader.join(timeout=5)
+            if streams is not None and os.path.isdir(os.path.join(work, 'logs')):
+                streams.pump(final=True)
+            results = (_collect_results(os.path.join(work, 'results'))
+                       if os.path.isdir(os.path.join(work, 'results')) else [])
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    codes = [agent.returncode for agent in agents]
+    returncode = next((c for c in codes if c != 0), 0)
+    return LaunchResult(returncode, streams.output, results, timed_out, port,
+                        [_shell_line(argv, script, work) for _, argv in commands],
+                        time.monotonic() - start, launch_id)
+
+
+def _port_clash(result):
+    return not result.timed_out and any(
+        'EADDRINUSE' in line or 'ddress already in use' in line
+        for name, lines in result.output.items() if not isinstance(name, int) for line in lines)
+
+
+def launch(script, nproc=2, args=(), timeout=120, env=None, echo=True, *, nnodes=1,
+           launcher='torchrun', port=None, grace=5.0):
+    """Run `script` as `nproc` processes (per node) through torchrun; return a LaunchResult.
+
+    Each rank's output is printed as it comes, prefixed by its rank (`echo`).
+    `timeout` (s) bounds the whole launch, and D2LPAR_DIST_TIMEOUT (read by
+    `d2lpar.distributed.default_timeout`) is set to 0.75 of it unless `env`
+    sets it; `env` adds variables (None unsets one); `nnodes` > 1 starts that many torchrun "nodes" on 127.0.0.1 meeting at
+    a c10d rendezvous endpoint. `launcher` is 'torchrun', the deprecated
+    'torch.distributed.launch', or 'python' (one plain process that starts its
+    own workers, e.g. with mp.spawn; MASTER_ADDR/MASTER_PORT are set for it).
+    `port` defaults to a free one (the launch retries if another program takes
+    it first). On a crash, a timeout or KeyboardInterrupt every process of the
+    launch is ended (SIGTERM to torchrun, `grace` s, then SIGKILL); an
+    interrupt is re-raised afterwards.
+    """
+    script = _check_script(script)
+    nproc, nnodes = _check_count(nproc, 'nproc'), _check_count(nnodes, 'nnodes')
+    args, env = _check_args(args), _check_env(env)
+    timeout, grace = _check_seconds(timeout, 'timeout'), _check_seconds(grace, 'grace')
+    if launcher not in LAUNCHERS:
+        raise ValueError(f'launcher must be one of {LAUNCHERS}, got {launcher!r}')
+    if launcher == 'python' and (nproc != 1 or nnodes != 1):
+        raise ValueError("launcher='python' starts one process: use nproc=1 and pass the "
+                         "number of workers to the script itself (e.g. args=['--nproc', '2'])")
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int)
+                             or not 0 < port < 65536):
+        raise ValueError(f'port must be an int in 1..65535 or None (pick a free one), got {port!r}')
+    if os.name != 'posix':
+        raise OSError('d2lpar.launch needs Linux or macOS (on Windows use WSL, or run '
+                      'torchrun yourself in a terminal)')
+    for attempt in range(3 if port is None else 1):
+        result = _launch_once(script, nproc, nnodes, args, timeout, env, echo, launcher, port,
+                              grace)
+        if port is not None or result.ok or not _port_clash(result) or attempt == 2:
+            return result
+        if echo:
+            print(f'[d2lpar.launch] port {result.port} was taken meanwhile: retrying', flush=True)
+    return result

@@ -1,0 +1,88 @@
+"""DDP's pieces checked on real ranks: sampler shards, SyncBatchNorm, unused parameters.
+
+Run:  torchrun --standalone --nproc-per-node=2 scripts/ddp_anatomy.py
+"""
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DistributedSampler
+
+from d2lpar.distributed import default_timeout, dist_env, emit_result, pick_backend, rank_device
+
+
+def sampler_shards(size=11):
+    """Return this rank's indices: padded, with drop_last, and shuffled in epochs 0 and 1."""
+    data = list(range(size))  # DistributedSampler reads rank and world size from the group
+    shards = {'padded': list(DistributedSampler(data, shuffle=False)),
+              'dropped': list(DistributedSampler(data, shuffle=False, drop_last=True))}
+    sampler = DistributedSampler(data, shuffle=True, seed=0)
+    for epoch in (0, 1):
+        sampler.set_epoch(epoch)
+        shards[f'epoch{epoch}'] = list(sampler)
+    return shards
+
+
+def sync_batchnorm_by_hand(rank, device, eps=1e-5):
+    """Normalise this rank's batch with the mean and variance of the global batch."""
+    g = torch.Generator().manual_seed(rank)  # ranks hold different batches, of unequal sizes
+    X = (torch.randn(3 + rank, 4, generator=g) * (rank + 1) + rank).to(device)
+    count = torch.tensor([float(X.shape[0])], device=device)
+    stats = torch.cat([X.sum(0), (X * X).sum(0), count])
+    dist.all_reduce(stats)  # SUM: global sums, global sums of squares, global count
+    n = stats[-1]
+    mean = stats[:4] / n
+    var = stats[4:8] / n - mean ** 2  # biased, as BatchNorm normalises with
+    return X, (X - mean) / torch.sqrt(var + eps), mean, var
+
+
+class TwoHeads(nn.Module):
+    """A net whose `aux` head forward never uses (as in a model with an optional branch)."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.head, self.aux = nn.Linear(4, 4), nn.Linear(4, 2), nn.Linear(4, 2)
+
+    def forward(self, X):
+        return self.head(torch.relu(self.body(X)))
+
+
+def unused_parameters(device, find_unused_parameters):
+    """Train two steps; return DDP's error message, or None if there was none."""
+    torch.manual_seed(0)
+    on_gpu = device.type == 'cuda'
+    net = DDP(TwoHeads().to(device), device_ids=[device.index] if on_gpu else None,
+              find_unused_parameters=find_unused_parameters)
+    for _ in range(2):
+        try:
+            net(torch.randn(8, 4, device=device)).sum().backward()
+        except RuntimeError as e:
+            return str(e).split('. ')[0]
+    return None
+
+
+def main():
+    env = dist_env()
+    backend = pick_backend(env.local_world_size)
+    dist.init_process_group(backend, init_method='env://', rank=env.rank,
+                            world_size=env.world_size, timeout=default_timeout())
+    device = rank_device(backend, env.local_rank)
+    X, Y, mean, var = sync_batchnorm_by_hand(env.rank, device)
+    net = nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(nn.Linear(4, 4),
+                                                                nn.BatchNorm1d(4)))
+    sbn = nn.SyncBatchNorm(4, affine=False).to(device)
+    try:  # the real module: GPUs only (it refuses CPU tensors while training)
+        syncbn = {'gap': (sbn(X) - Y).abs().max().item()}
+    except ValueError as e:
+        syncbn = {'error': str(e)}
+    errors = {find: unused_parameters(device, find) for find in (False, True)}
+    print(f'rank {env.rank} of {env.world_size}: shard of 11 items {sampler_shards()["padded"]}, '
+          f'local batch of {X.shape[0]} rows', flush=True)
+    emit_result(rank=env.rank, backend=backend, shards=sampler_shards(), X=X, Y=Y, mean=mean,
+                var=var, converted=[type(m).__name__ for m in net], syncbn=syncbn,
+                unused_error=errors[False], unused_error_with_find=errors[True])
+    dist.destroy_process_group()
+
+
+if __name__ == '__main__':
+    main()

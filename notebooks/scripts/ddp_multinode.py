@@ -1,0 +1,75 @@
+"""Step 4: the same script on several machines: torchrun on every node, or SLURM's srun.
+
+Run:  torchrun --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=HOST0:29400 \
+          --rdzv-id=job1 scripts/ddp_multinode.py --epochs 4 --batch-size 32
+  (the same command on every node; HOST0 is any one of them) or, under SLURM,
+  sbatch scripts/ddp_multinode.sbatch   (srun starts one process per task)
+"""
+import datetime
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import common
+from d2lpar.distributed import (dist_env, emit_result, pick_backend, rank_device,
+                                torch_env_from_slurm)
+
+
+def main():
+    """Run by each process torchrun or srun starts; its rank comes from the environment."""
+    args = common.get_args(__doc__)
+    env = dist_env()  # from torchrun's RANK, LOCAL_RANK, WORLD_SIZE... or srun's SLURM_*
+    os.environ.update(torch_env_from_slurm())  # srun: env:// below needs RANK, MASTER_ADDR...
+    rank, world_size = env.rank, env.world_size
+    backend = args.backend or pick_backend(env.local_world_size)  # nccl with a GPU each
+    dist.init_process_group(backend, init_method='env://', rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=args.timeout))
+    device = rank_device(backend, env.local_rank)  # cuda:LOCAL_RANK with nccl, else the CPU
+    print(f'{socket.gethostname()}: rank {rank} of {world_size}, local rank {env.local_rank}, '
+          f'{backend} on {device}, master {env.master_addr}:{env.master_port}', flush=True)
+    torch.manual_seed(args.seed + rank)  # replicas start different on purpose...
+    net = common.make_net().to(device)
+    init = common.flat_params(net)
+    on_gpu = device.type == 'cuda'
+    net = DDP(net, device_ids=[device.index] if on_gpu else None,  # ...DDP copies rank 0's
+              output_device=device.index if on_gpu else None,
+              find_unused_parameters=False)  # True only if forward skips some parameters
+    synced = common.flat_params(net.module)
+    dataset = common.make_dataset(args.num_samples, args.seed)
+    sampler, train_iter = common.make_loader(
+        dataset, common.local_batch_size(args.batch_size, world_size), world_size, rank,
+        args.seed)
+    optimizer = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9)
+    first_epoch = 0
+    if args.resume:  # every rank reads the file, onto its own device
+        first_epoch = common.load_checkpoint(args.ckpt, net.module, optimizer,
+                                             map_location=device)
+    losses = {}
+    for epoch in range(first_epoch, args.epochs):
+        sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
+        total, n = common.train_epoch(net, train_iter, optimizer, device)
+        dist.all_reduce(total)  # sum of every rank's batch losses
+        losses[epoch] = total.item() / (n * world_size)
+        if rank == 0:
+            print(f'epoch {epoch + 1}/{args.epochs}: loss {losses[epoch]:.4f}', flush=True)
+        if args.ckpt:
+            if rank == 0:  # one writer; net.module, so the keys have no 'module.' prefix
+                common.save_checkpoint(args.ckpt, net.module, optimizer, epoch)
+            dist.barrier()  # no rank goes on before the checkpoint is complete
+    final = common.flat_params(net.module)
+    replicas = [torch.empty_like(final) for _ in range(world_size)]
+    dist.all_gather(replicas, final)
+    emit_result(rank=rank, world_size=world_size, init=init, synced=synced, final=final,
+                losses=losses, shard=list(sampler), backend=backend,
+                replica_gap=max((r - final).abs().max().item() for r in replicas),
+                local_rank=env.local_rank, source=env.source, host=socket.gethostname(),
+                master_addr=env.master_addr)
+    del net, optimizer  # free DDP's hold on the group now, not during interpreter exit
+    dist.destroy_process_group()
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,67 @@
+"""Step 2: the same training in W processes started by mp.spawn, gradients averaged by DDP.
+
+Run:  python scripts/ddp_spawn.py --nproc 2 --epochs 4 --batch-size 32
+"""
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import common
+from d2lpar.distributed import emit_result, pick_backend, rank_device
+
+
+def worker(rank, world_size, args):
+    """Run by each process mp.spawn starts; `rank` is its first argument."""
+    backend = args.backend or pick_backend(world_size)  # nccl with a GPU each, else gloo
+    dist.init_process_group(backend, init_method=args.init_method, rank=rank,
+                            world_size=world_size,
+                            timeout=datetime.timedelta(seconds=args.timeout))
+    device = rank_device(backend, rank)  # cuda:rank with nccl, else the CPU
+    torch.manual_seed(args.seed + rank)  # replicas start different on purpose...
+    net = common.make_net().to(device)
+    init = common.flat_params(net)
+    on_gpu = device.type == 'cuda'
+    net = DDP(net, device_ids=[device.index] if on_gpu else None,  # ...DDP copies rank 0's
+              output_device=device.index if on_gpu else None,
+              find_unused_parameters=False)  # True only if forward skips some parameters
+    synced = common.flat_params(net.module)
+    dataset = common.make_dataset(args.num_samples, args.seed)
+    sampler, train_iter = common.make_loader(
+        dataset, common.local_batch_size(args.batch_size, world_size), world_size, rank,
+        args.seed)
+    optimizer = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9)
+    first_epoch = 0
+    if args.resume:  # every rank reads the file, onto its own device
+        first_epoch = common.load_checkpoint(args.ckpt, net.module, optimizer,
+                                             map_location=device)
+    losses = {}
+    for epoch in range(first_epoch, args.epochs):
+        sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
+        total, n = common.train_epoch(net, train_iter, optimizer, device)
+        dist.all_reduce(total)  # sum of every rank's batch losses
+        losses[epoch] = total.item() / (n * world_size)
+        if rank == 0:
+            print(f'epoch {epoch + 1}/{args.epochs}: loss {losses[epoch]:.4f}', flush=True)
+        if args.ckpt:
+            if rank == 0:  # one writer; net.module, so the keys have no 'module.' prefix
+                common.save_checkpoint(args.ckpt, net.module, optimizer, epoch)
+            dist.barrier()  # no rank goes on before the checkpoint is complete
+    final = common.flat_params(net.module)
+    replicas = [torch.empty_like(final) for _ in range(world_size)]
+    dist.all_gather(replicas, final)
+    emit_result(rank=rank, world_size=world_size, init=init, synced=synced, final=final,
+                losses=losses, shard=list(sampler), backend=backend,
+                replica_gap=max((r - final).abs().max().item() for r in replicas))
+    del net, optimizer  # free DDP's hold on the group now, not during interpreter exit
+    dist.destroy_process_group()
+
+
+if __name__ == '__main__':
+    args = common.get_args(__doc__)
+    os.environ.setdefault('MASTER_ADDR', '127.0.0.1')  # where env:// finds rank 0
+    os.environ.setdefault('MASTER_PORT', '29500')
+    mp.spawn(worker, args=(args.nproc, args), nprocs=args.nproc, join=True)

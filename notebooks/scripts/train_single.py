@@ -1,0 +1,41 @@
+"""Step 1: train in one process. The reference the distributed scripts must reproduce.
+
+Run:  python scripts/train_single.py --epochs 4 --batch-size 32
+"""
+import torch
+
+import common
+from d2lpar import try_gpu
+from d2lpar.distributed import emit_result
+
+
+def main():
+    args = common.get_args(__doc__)
+    rank, world_size = 0, 1
+    device = try_gpu()
+    torch.manual_seed(args.seed + rank)
+    net = common.make_net().to(device)
+    init = common.flat_params(net)
+    dataset = common.make_dataset(args.num_samples, args.seed)
+    sampler, train_iter = common.make_loader(
+        dataset, common.local_batch_size(args.batch_size, world_size), world_size, rank,
+        args.seed)
+    optimizer = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9)
+    first_epoch = 0
+    if args.resume:
+        first_epoch = common.load_checkpoint(args.ckpt, net, optimizer, map_location=device)
+    losses = {}
+    for epoch in range(first_epoch, args.epochs):
+        sampler.set_epoch(epoch)  # a new shuffle every epoch
+        total, n = common.train_epoch(net, train_iter, optimizer, device)
+        losses[epoch] = total.item() / n
+        print(f'epoch {epoch + 1}/{args.epochs}: loss {losses[epoch]:.4f}', flush=True)
+        if args.ckpt:
+            common.save_checkpoint(args.ckpt, net, optimizer, epoch)
+    final = common.flat_params(net)
+    emit_result(rank=rank, world_size=world_size, init=init, synced=init, final=final,
+                losses=losses, shard=list(sampler))
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,42 @@
+"""A tiny worker for tests/test_launch.py that behaves as --mode says.
+
+Run:  torchrun --nproc-per-node=2 tests/scripts/launch_probe.py --mode ok
+Only 'ok' and 'dist' import torch (through d2lpar); the others start fast.
+"""
+import argparse
+import os
+import signal
+import sys
+import time
+
+parser = argparse.ArgumentParser()
+parser.add_argument('--mode', choices=['ok', 'quick', 'crash', 'hang', 'stubborn', 'dist'],
+                    default='ok')
+parser.add_argument('--local-rank', '--local_rank', type=int, default=None)
+args = parser.parse_args()
+rank = int(os.environ.get('RANK', 0))
+print(f'hello from rank {rank} pid {os.getpid()} argv {sys.argv[1:]}', flush=True)
+if args.mode == 'ok':
+    from d2lpar.distributed import emit_result
+    emit_result(pid=os.getpid(), argv=sys.argv[1:], local_rank_env=os.environ.get('LOCAL_RANK'),
+                world_size=int(os.environ.get('WORLD_SIZE', 1)))
+elif args.mode == 'crash':
+    if rank == 1:
+        time.sleep(0.5)
+        print('rank about to crash', flush=True)
+        raise SystemExit(3)
+    time.sleep(300)
+elif args.mode in ('hang', 'stubborn'):
+    if args.mode == 'stubborn':  # ignores SIGTERM, so only SIGKILL ends it
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    print('sleeping', flush=True)
+    time.sleep(300)
+elif args.mode == 'dist':
+    import torch
+    import torch.distributed as dist
+    from d2lpar.distributed import default_timeout, emit_result
+    dist.init_process_group('gloo', timeout=default_timeout())
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t)
+    emit_result(total=t.item())
+    dist.destroy_process_group()

@@ -1,0 +1,292 @@
+"""d2lpar.launch: torchrun from Python, with output per rank, results, and nothing left behind.
+
+Each test that starts processes checks afterwards that none of them survives and that
+the port is free again, whether the ranks succeeded, crashed, hung or were interrupted.
+"""
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+import _thread
+from pathlib import Path
+
+import pytest
+
+from d2lpar.launch import (LaunchResult, end_processes, free_port, launch, launched_processes,
+                           port_is_free)
+
+HERE = Path(__file__).resolve().parent
+PROBE = HERE / 'scripts' / 'launch_probe.py'
+ROOT = HERE.parent
+posix_only = pytest.mark.skipif(os.name != 'posix', reason='the launcher needs Linux or macOS')
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind():
+    yield
+    assert launched_processes() == [], 'a launch left processes running'
+
+
+def wait_for(predicate, seconds=60):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f'gave up after {seconds} s')
+
+
+def workers_of(prefix, count):
+    """Wait until `count` processes of launches whose id starts with `prefix` run."""
+    def enough():
+        procs = launched_processes(prefix)
+        return procs if len(procs) >= count else None
+    return wait_for(enough)
+
+
+def port_of(procs):
+    for p in procs:
+        for word in p.cmd.split():
+            if word.startswith('--master-port='):
+                return int(word.split('=')[1])
+    raise AssertionError('no --master-port in the command lines')
+
+
+@posix_only
+def test_ranks_report_output_and_results():
+    result = launch(PROBE, nproc=2, args=['--mode', 'ok'], timeout=120, echo=False)
+    assert isinstance(result, LaunchResult) and result.ok and result.returncode == 0
+    assert sorted(result.by_rank()) == [0, 1]
+    assert result.by_rank('world_size') == {0: 2, 1: 2}
+    assert result.by_rank('local_rank_env') == {0: '0', 1: '1'}
+    assert result.by_rank('argv') == {0: ['--mode', 'ok'], 1: ['--mode', 'ok']}
+    pids = result.by_rank('pid')
+    assert result.output[0][0].startswith(f'hello from rank 0 pid {pids[0]} ')
+    assert result.output[1][0].startswith(f'hello from rank 1 pid {pids[1]} ')
+    assert port_is_free(result.port)
+    suffix = result.launch_id.split('-')[1]
+    assert not (Path(tempfile.gettempdir()) / f'd2lpar-launch-{suffix}').exists()
+    assert f'[rank 1] {result.output[1][0]}' in result.text().splitlines()
+    assert result.check() is result
+
+
+@posix_only
+def test_echo_prints_each_line_prefixed_by_its_rank(capsys):
+    launch(PROBE, nproc=2, args=['--mode', 'quick'], timeout=120,
+           launcher='torch.distributed.launch')
+    lines = capsys.readouterr().out.splitlines()
+    for rank in (0, 1):  # the deprecated launcher passes --local-rank to the script
+        assert any(line.startswith(f'[rank {rank}] hello from rank {rank} pid ')
+                   and line.endswith(f"argv ['--local-rank={rank}', '--mode', 'quick']")
+                   for line in lines), lines
+    assert any('torch.distributed.launch is deprecated' in line for line in lines)
+
+
+@pytest.mark.parametrize('kwargs,error,message', [
+    (dict(script='no_such_script.py'), ValueError, 'no script'),
+    (dict(script=42), TypeError, 'path'),
+    (dict(nproc=0), ValueError, 'nproc'),
+    (dict(nproc=True), ValueError, 'nproc'),
+    (dict(nproc=2.0), ValueError, 'nproc'),
+    (dict(nnodes=0), ValueError, 'nnodes'),
+    (dict(args='--mode ok'), TypeError, r"args=\['--mode', 'ok'\]"),
+    (dict(args=[None]), TypeError, 'string or number'),
+    (dict(timeout=0), ValueError, 'timeout'),
+    (dict(timeout='60'), ValueError, 'timeout'),
+    (dict(grace=-1), ValueError, 'grace'),
+    (dict(env=['A=1']), TypeError, 'dict'),
+    (dict(env={'A=B': '1'}), ValueError, 'name'),
+    (dict(env={'A': object()}), TypeError, 'None'),
+    (dict(launcher='mpirun'), ValueError, 'launcher'),
+    (dict(launcher='python', nproc=2), ValueError, 'nproc=1'),
+    (dict(port=70000), ValueError, 'port'),
+])
+def test_bad_arguments_are_refused_before_anything_starts(kwargs, error, message):
+    before = set(os.listdir(tempfile.gettempdir()))
+    call = dict(script=PROBE, nproc=2, args=['--mode', 'ok'], timeout=60)
+    call.update(kwargs)
+    with pytest.raises(error, match=message):
+        launch(call.pop('script'), **call)
+    created = {n for n in set(os.listdir(tempfile.gettempdir())) - before
+               if n.startswith('d2lpar-launch-')}
+    assert not created
+
+
+@posix_only
+def test_a_crashing_rank_stops_the_launch():
+    start = time.monotonic()
+    result = launch(PROBE, nproc=2, args=['--mode', 'crash'], timeout=120, echo=False)
+    assert result.returncode != 0 and not result.timed_out and not result.ok
+    assert time.monotonic() - start < 60  # rank 0 sleeps 300 s: torchrun stopped it
+    assert 'rank about to crash' in result.output[1]
+    assert any('exitcode' in line for line in result.output['torchrun'])
+    assert port_is_free(result.port)
+    with pytest.raises(RuntimeError, match='exited with status'):
+        result.check()
+
+
+@posix_only
+def test_a_rank_killed_from_outside_stops_the_launch():
+    outcome = {}
+    thread = threading.Thread(target=lambda: outcome.update(result=launch(
+        PROBE, nproc=2, args=['--mode', 'hang'], timeout=120, echo=False)))
+    thread.start()
+    procs = workers_of(f'{os.getpid()}-', 3)
+    ranks = [p for p in procs if 'torch.distributed.run' not in p.cmd]
+    os.kill(ranks[0].pid, signal.SIGKILL)  # as the kernel's OOM killer would
+    thread.join(timeout=60)
+    result = outcome['result']
+    assert result.returncode != 0 and not result.timed_out
+    assert any('SIGKILL' in line for line in result.output['torchrun'])
+    assert port_is_free(result.port)
+
+
+@posix_only
+def test_the_timeout_ends_ranks_that_ignore_sigterm():
+    start = time.monotonic()
+    result = launch(PROBE, nproc=2, args=['--mode', 'stubborn'], timeout=6, grace=2, echo=False)
+    assert result.timed_out and not result.ok
+    assert time.monotonic() - start < 6 + 2 + 10  # timeout, grace, then SIGKILL
+    assert any('timeout after 6 s' in line for line in result.output['d2lpar.launch'])
+    assert port_is_free(result.port)
+    with pytest.raises(RuntimeError, match='timed out'):
+        result.check()
+
+
+@posix_only
+def test_keyboard_interrupt_ends_every_process_then_propagates():
+    seen = {}
+
+    def interrupt_when_running():
+        procs = workers_of(f'{os.getpid()}-', 3)  # torchrun and its two ranks
+        seen['procs'], seen['port'] = procs, port_of(procs)
+        time.sleep(1.0)  # let the ranks install their SIGTERM-ignoring handler
+        _thread.interrupt_main()  # what a kernel interrupt does: KeyboardInterrupt in main
+
+    watcher = threading.Thread(target=interrupt_when_running, daemon=True)
+    watcher.start()
+    with pytest.raises(KeyboardInterrupt):
+        launch(PROBE, nproc=2, args=['--mode', 'stubborn'], timeout=120, grace=2, echo=False)
+    watcher.join()
+    assert len(seen['procs']) >= 3 and launched_processes() == []
+    assert port_is_free(seen['port'])
+
+
+LAUNCHER_PROCESS = textwrap.dedent('''
+    import sys
+    from d2lpar.launch import launch
+    try:
+        launch(sys.argv[1], nproc=2, args=['--mode', 'hang'], timeout=120, grace=2)
+    except KeyboardInterrupt:
+        print('launcher saw KeyboardInterrupt', flush=True)
+        sys.exit(130)
+''')
+
+
+def start_launcher_process():
+    """Start a Python process that launches the probe, in a process group of its own."""
+    return subprocess.Popen([sys.executable, '-c', LAUNCHER_PROCESS, str(PROBE)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+@posix_only
+def test_sigint_to_the_launching_process_group_cleans_up():
+    proc = start_launcher_process()
+    try:
+        procs = workers_of(f'{proc.pid}-', 3)
+        port = port_of(procs)
+        time.sleep(1.0)
+        os.killpg(proc.pid, signal.SIGINT)  # what Jupyter's interrupt button sends
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, out
+    assert 'interrupted: stopping torchrun' in out and 'launcher saw KeyboardInterrupt' in out
+    assert launched_processes(f'{proc.pid}-') == []
+    assert port_is_free(port)
+
+
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='PR_SET_PDEATHSIG is Linux')
+def test_a_killed_launcher_takes_torchrun_and_its_ranks_with_it():
+    proc, procs = start_launcher_process(), []
+    try:
+        procs = workers_of(f'{proc.pid}-', 3)
+        port = port_of(procs)
+        time.sleep(1.0)  # past torchrun's start-up (SIGTERM while it starts workers loses some)
+        proc.kill()  # as when a kernel is restarted: no chance to clean up
+        proc.wait()
+        wait_for(lambda: launched_processes(f'{proc.pid}-') == [], 30)
+    finally:
+        end_processes(launched_processes(f'{proc.pid}-'), grace=0.1)
+        for suffix in {p.launch_id.split('-')[1] for p in procs}:  # the launcher could not
+            shutil.rmtree(Path(tempfile.gettempdir()) / f'd2lpar-launch-{suffix}')  # clean up
+    assert wait_for(lambda: port_is_free(port), 10)
+
+
+@posix_only
+def test_a_launch_first_ends_what_launches_of_dead_processes_left():
+    gone = subprocess.run([sys.executable, '-c', 'import os; print(os.getpid())'],
+                          capture_output=True, text=True, check=True)
+    dead_owner = int(gone.stdout)  # a pid whose process has exited
+    orphan = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'],
+                              env={**os.environ, 'D2LPAR_LAUNCH_ID': f'{dead_owner}-old-launch'},
+                              start_new_session=True)
+    try:
+        wait_for(lambda: launched_processes(f'{dead_owner}-'), 30)
+        result = launch(PROBE, nproc=1, args=['--mode', 'quick'], timeout=120, echo=False)
+        assert orphan.wait(timeout=10) is not None
+        assert any(str(orphan.pid) in line for line in result.output['d2lpar.launch'])
+    finally:
+        if orphan.poll() is None:
+            orphan.kill()
+            orphan.wait()
+
+
+@posix_only
+def test_two_launches_at_once_stay_apart():
+    results = [None, None]
+
+    def run(i):
+        results[i] = launch(PROBE, nproc=2, args=['--mode', 'dist'], timeout=180, echo=False)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(r.ok for r in results), [r.text() for r in results]
+    assert results[0].port != results[1].port
+    assert results[0].launch_id != results[1].launch_id
+    for r in results:  # each launch's ranks met each other, not the other launch's
+        assert r.by_rank('total') == {0: 3.0, 1: 3.0}
+    assert all(port_is_free(r.port) for r in results)
+
+
+@posix_only
+def test_a_port_in_use_fails_fast_and_a_taken_free_port_is_retried(monkeypatch):
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        s.listen()
+        taken = s.getsockname()[1]
+        assert not port_is_free(taken)
+        result = launch(PROBE, nproc=1, args=['--mode', 'quick'], timeout=120, port=taken,
+                        echo=False)
+        assert not result.ok and not result.timed_out
+        assert any('EADDRINUSE' in line for line in result.output['torchrun'])
+        # another program grabs the port launch picked: it notices and picks another
+        module = sys.modules['d2lpar.launch']
+        picks = iter([taken])
+        monkeypatch.setattr(module, 'free_port', lambda: next(picks, None) or free_port())
+        result = launch(PROBE, nproc=1, args=['--mode', 'quick'], timeout=120, echo=False)
+        assert result.ok and result.port != taken
+        assert result.output[0][0].startswith('hello from rank 0')
