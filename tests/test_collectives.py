@@ -1,0 +1,167 @@
+"""Hand-written collectives, checked against torch.distributed's own on real gloo process groups."""
+import datetime
+import gc
+import faulthandler
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import d2lpar
+from d2lpar import collectives as C
+
+OPS = [dist.ReduceOp.SUM, dist.ReduceOp.PRODUCT, dist.ReduceOp.MIN, dist.ReduceOp.MAX]
+DTYPES = [torch.float32, torch.float64, torch.int64, torch.int32]
+
+
+def _entry(rank, fn, world_size, port, args):
+    faulthandler.enable()  # a crash in C++ (SIGABRT, SIGSEGV) still shows the Python stack
+    os.environ['OMP_NUM_THREADS'] = '1'
+    torch.set_num_threads(1)
+    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank,
+                            world_size=world_size, timeout=datetime.timedelta(seconds=60))
+    try:
+        fn(rank, world_size, *args)
+    finally:
+        # Free DDP wrappers (kept alive by reference cycles) while their process group
+        # still exists: left to interpreter shutdown, gloo can abort the process.
+        gc.collect()
+        dist.destroy_process_group()
+
+
+def spawn(fn, world_size, *args):
+    """Run fn(rank, world_size, *args) in `world_size` fresh processes joined by gloo."""
+    # An exception in one rank ends the others and is re-raised here by mp.spawn.
+    mp.spawn(_entry, args=(fn, world_size, d2lpar.free_port(), args), nprocs=world_size)
+
+
+def _data(rank, numel, dtype, seed):
+    g = torch.Generator().manual_seed(1000 * seed + rank)
+    if dtype.is_floating_point:
+        return torch.randn(numel, generator=g, dtype=dtype)
+    return torch.randint(-4, 5, (numel,), generator=g, dtype=dtype)
+
+
+def _assert_same(actual, expected):
+    # Floats summed in another order differ in the last bits; integers must be exact.
+    exact = not actual.dtype.is_floating_point
+    torch.testing.assert_close(actual, expected, rtol=0 if exact else None,
+                               atol=0 if exact else None)
+
+
+def _check_all(rank, n):
+    for numel in (1, 4 * n, 4 * n + 1):  # fewer elements than ranks, divisible, not divisible
+        for dtype in DTYPES:
+            X = _data(rank, numel, dtype, seed=numel)
+            # Every op on the two main dtypes; SUM (what training uses) on all four.
+            ops = OPS if dtype in (torch.float32, torch.int64) else OPS[:1]
+            for op in ops:
+                expected = X.clone()
+                dist.all_reduce(expected, op=op)
+                for fn in (C.naive_allreduce, C.ring_allreduce):
+                    actual = X.clone()
+                    assert fn(actual, op=op) is actual
+                    _assert_same(actual, expected)
+                for root in range(n):
+                    expected, actual = X.clone(), X.clone()
+                    dist.reduce(expected, root, op=op)
+                    C.reduce(actual, root, op=op)
+                    _assert_same(actual, expected if rank == root else X)
+            for src in range(n):
+                expected, actual = X.clone(), X.clone()
+                dist.broadcast(expected, src)
+                C.broadcast(actual, src)
+                _assert_same(actual, expected)
+            expected = [torch.empty_like(X) for _ in range(n)]
+            actual = [torch.full_like(X, 7) for _ in range(n)]
+            dist.all_gather(expected, X)
+            C.all_gather(actual, X)
+            for a, e in zip(actual, expected):
+                _assert_same(a, e)
+            inputs = [_data(rank, numel, dtype, seed=numel + 10 * i) for i in range(n)]
+            before = [t.clone() for t in inputs]
+            expected, actual = torch.empty_like(X), torch.full_like(X, 7)
+            dist.reduce_scatter(expected, [t.clone() for t in inputs])
+            C.reduce_scatter(actual, inputs)
+            _assert_same(actual, expected)
+            for t, b in zip(inputs, before):
+                assert torch.equal(t, b)  # inputs untouched
+
+
+def _check_layouts_and_traffic(rank, n):
+    # Non-contiguous tensors are reduced through a copy and written back.
+    X = _data(rank, 6 * 5, torch.float64, seed=3).reshape(6, 5).t()
+    expected = X.clone()
+    dist.all_reduce(expected)
+    for fn in (C.naive_allreduce, C.ring_allreduce):
+        actual = X.clone().t().contiguous().t()
+        assert not actual.is_contiguous()
+        fn(actual)
+        _assert_same(actual, expected)
+    # The bytes each rank moves are those of the cost model.
+    S = 12 * n * 4  # float32 bytes, divisible by n
+    naive, ring = {}, {}
+    C.naive_allreduce(torch.ones(12 * n), traffic=naive)
+    C.ring_allreduce(torch.ones(12 * n), traffic=ring)
+    through = 2 * (n - 1) * S if rank == 0 else 2 * S
+    assert naive['sent'] + naive['received'] == through
+    assert ring == {'sent': 2 * (n - 1) * S // n, 'received': 2 * (n - 1) * S // n}
+    # Empty tensors and zero-length chunks move nothing and still agree.
+    empty = torch.empty(0)
+    C.ring_allreduce(empty)
+    C.naive_allreduce(empty)
+
+
+    _check_bad_input(rank, n)
+
+
+def _check_bad_input(rank, n):
+    X = torch.ones(4)
+    with pytest.raises(ValueError, match='AVG is not supported'):
+        C.ring_allreduce(X, op=dist.ReduceOp.AVG)
+    with pytest.raises(ValueError, match=f'src must be a rank in 0..{n - 1}'):
+        C.broadcast(X, n)
+    with pytest.raises(ValueError, match='dst must be a rank'):
+        C.reduce(X, -1)
+    with pytest.raises(ValueError, match=f'holds 1 tensors for a world of {n}'):
+        C.all_gather([torch.empty(4)], X)
+    with pytest.raises(ValueError, match=r'input_list\[1\] has shape \(3,\)'):
+        C.reduce_scatter(X, [torch.ones(4), torch.ones(3)] + [torch.ones(4)] * (n - 2))
+    with pytest.raises(TypeError, match='expected a tensor'):
+        C.ring_allreduce([1, 2])
+    with pytest.raises(ValueError, match='not contiguous'):
+        C.all_gather([torch.empty(4, 2).t()[0]] * n, X)
+    # Nothing was sent by the failed calls: a real collective still matches up.
+    dist.all_reduce(X)
+    assert X.tolist() == [float(n)] * 4
+
+
+@pytest.mark.parametrize('n', [1, 2, 3, 4])
+def test_collectives_equal_torch_distributed(n):
+    spawn(_check_all, n)
+
+
+def test_layouts_traffic_and_bad_input():
+    spawn(_check_layouts_and_traffic, 3)
+
+
+def test_needs_a_process_group():
+    assert not dist.is_initialized()
+    with pytest.raises(RuntimeError, match='init_process_group'):
+        C.ring_allreduce(torch.ones(2))
+
+
+def test_cost_model_by_hand():
+    MB = 2**20
+    # 4 ranks, 8 MB, 1 GB/s, 1 ms: naive 2*1ms + 6*8MB/1GB/s; ring 6*1ms + 1.5*8MB/1GB/s.
+    assert C.allreduce_cost('naive', 4, 8 * MB, 2**30, 1e-3) == pytest.approx(2e-3 + 6 * 8 / 1024)
+    assert C.allreduce_cost('ring', 4, 8 * MB, 2**30, 1e-3) == pytest.approx(6e-3 + 1.5 * 8 / 1024)
+    assert C.allreduce_cost('ring', 1, MB, 1.0) == 0.0
+    # nccl-tests: busbw = algbw * 2(n-1)/n.
+    assert C.bandwidths(100, 2.0, 4) == (50.0, 75.0)
+    with pytest.raises(ValueError, match="'naive' or 'ring'"):
+        C.allreduce_cost('tree', 4, MB, 1.0)
+    with pytest.raises(ValueError, match='seconds > 0'):
+        C.bandwidths(100, 0.0, 4)
