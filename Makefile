@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.d2lpar-installed
 
-.PHONY: lab test bench info clean
+.PHONY: lab test html bench info clean
 
 # Jupyter refuses to run as root unless told to (containers often run as root).
 ROOT_FLAG := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root)
@@ -14,6 +14,9 @@ lab: $(STAMP)  ## open the course in JupyterLab
 
 test: $(STAMP)  ## unit tests, then every notebook under nbval
 	$(BIN)/python -m pytest
+
+html: $(STAMP)  ## execute every notebook and render the course into build/html
+	$(BIN)/python -m d2lpar html $(HTML_FLAGS)
 
 bench: $(STAMP)  ## speed comparisons, printed as ratios measured in one run
 	$(BIN)/python -m benchmarks
@@ -28,4 +31,4 @@ $(STAMP): pyproject.toml
 	touch $@
 
 clean:
-	rm -rf $(VENV) *.egg-info
+	rm -rf $(VENV) *.egg-info build
