@@ -283,7 +283,8 @@ def _warn_standin(reason):
     print(f'{bar}\n! Using the generated Fashion-MNIST STAND-IN, not the real data set.\n'
           f'! Reason: {reason}\n'
           f'! Shapes and classes match, accuracies will not. For the real data, go\n'
-          f'! online and unset D2LPAR_OFFLINE.\n{bar}', file=sys.stderr)
+          f'! online and unset D2LPAR_OFFLINE, or copy the four IDX files into\n'
+          f'! data/FashionMNIST/raw/ (see data/README.md).\n{bar}', file=sys.stderr)
 
 
 # ------------------------------------------------------------------ loading
