@@ -12,6 +12,7 @@ import random
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from .devices import device_slots
 from .visibility import visible_gpus
@@ -156,7 +157,10 @@ def check_pick_device(pick_device, rng):
                 raise _Fail(f'{case} raised TypeError, but {i} is an int: an index out of range '
                             'is a ValueError.') from None
             message = str(e)
-            says_count = str(n) in message or (n == 0 and 'no' in message.lower())
+            # The count must appear besides the index itself ('GPU 1' alone, with 1 GPU, is
+            # not 'there is 1 GPU').
+            rest = message.replace(repr(i), '', 1)
+            says_count = str(n) in rest or (n == 0 and 'no' in message.lower())
             if index and not (repr(i) in message and says_count):
                 raise _Fail(f'{case} raised {type(e).__name__}({message!r}). Hint: explain the '
                             f'problem: say which index was asked for ({i}) and how many GPUs '
@@ -183,7 +187,8 @@ def _random_masks(rng, n):
     cases = [(None, n, 'unset'), ('', n, 'empty'), ('-1', n, 'minus one'),
              ('0', n, 'plain'), ('1,0', max(n, 2), 'plain'), ('0,0', n, 'repeat'),
              ('0,2,-1,1', max(n, 4), 'invalid'), ('0,5', 4, 'range'), ('0,5', 8, 'plain'),
-             ('abc', n, 'invalid'), (str(n), n, 'range')]
+             ('abc', n, 'invalid'), (str(n), n, 'range'), ('0, 1', max(n, 2), 'strtoul'),
+             (' 1', max(n, 2), 'strtoul'), ('1gpu,0', max(n, 2), 'strtoul')]
     for _ in range(8):
         m = rng.randint(1, 8)
         entries = rng.sample(range(m), rng.randint(1, m))
@@ -213,6 +218,8 @@ _MASK_HINTS = {
     'range': ('a GPU number the machine does not have stops the list like an invalid '
               'entry; the entries before it still count.'),
     'plain': 'count the GPU numbers in the mask; the order does not change the count.',
+    'strtoul': ("each entry is read like C's strtoul: leading spaces are skipped and the "
+                "number ends at the first non-digit, so ' 1' and '1gpu' both mean GPU 1."),
 }
 
 
@@ -241,16 +248,16 @@ def check_visible_count(predict_device_count, rng):
 # ---------------------------------------------------------------- notebook 3
 
 class _Block(nn.Module):
-    """A net with a child named `submodule`, whose keys contain 'module.' mid-name."""
+    """A net whose keys hold 'module.' mid-name (`submodule`) and start with its letters (`decoder`)."""
 
     def __init__(self, hidden):
         super().__init__()
         self.submodule = nn.Linear(4, hidden)
         self.norm = nn.BatchNorm1d(hidden)
-        self.head = nn.Linear(hidden, 3)
+        self.decoder = nn.Linear(hidden, 3)
 
     def forward(self, X):
-        return self.head(torch.relu(self.norm(self.submodule(X))))
+        return self.decoder(torch.relu(self.norm(self.submodule(X))))
 
 
 def _nets(rng):
@@ -300,7 +307,9 @@ def check_load_checkpoint(load_checkpoint, rng):
             case = f'{"an" if kind[0] == "n" else "a"} {kind} checkpoint of {name}'
             hint = ('this checkpoint fits the net, so it must load. If the error lists keys '
                     "such as 'subweight', .replace('module.', '') also cut 'module.' out of the "
-                    "middle of a name ('submodule.weight'): strip only a leading prefix."
+                    "middle of a name ('submodule.weight'); if it lists 'coder.weight', "
+                    ".lstrip('module.') removed every leading m, o, d, u, l, e and '.' (it takes "
+                    "a set of characters, not a prefix). Strip only a leading 'module.'."
                     if kind == 'nn.DataParallel' else
                     "a checkpoint saved from the plain net has no 'module.' prefix: strip the "
                     'prefix only when the keys have it, and load a plain checkpoint as it is.')
@@ -329,12 +338,14 @@ def check_load_checkpoint(load_checkpoint, rng):
                             'Hint: copy every tensor of the checkpoint, buffers included.')
         misfits = [('without the key', lambda sd, k: {j: v for j, v in sd.items() if j != k}),
                    ('with an extra key', lambda sd, k: {**sd, 'module.extra.weight':
-                                                        torch.zeros(2)})]
+                                                        torch.zeros(2)}),
+                   ('with a wrong shape for', lambda sd, k: {**sd, k: torch.zeros(
+                       sd[k].numel() + 1, dtype=sd[k].dtype)})]
         for what, damage in misfits:
             # BatchNorm fills in a missing num_batches_tracked itself (old checkpoints lack it).
             key = rng.choice(sorted(k for k in wrapped if not k.endswith('num_batches_tracked')))
             checkpoint = damage(dict(wrapped), key)
-            label = f"{what} {key!r}" if what == 'without the key' else what
+            label = what if what == 'with an extra key' else f'{what} {key!r}'
             case = f'an nn.DataParallel checkpoint of {name} {label}'
             try:
                 load_checkpoint(make(), checkpoint)
@@ -348,7 +359,7 @@ def check_load_checkpoint(load_checkpoint, rng):
                         'strict=True (the default).')
     return ('DataParallel and plain checkpoints of 2 nets (one with a layer named '
             '`submodule`) load exactly, buffers included; checkpoints with a missing or an '
-            'extra key are refused.')
+            'extra key or a wrong shape are refused.')
 
 
 # ---------------------------------------------------------------- notebook 4
@@ -547,13 +558,40 @@ def _storage(t):
     return (t.device, t.untyped_storage().data_ptr())
 
 
+class _WriteRecorder(TorchFunctionMode):
+    """Record how many elements each in-place write into the given tensors' memory covers."""
+
+    def __init__(self, tensors):
+        super().__init__()
+        self.storages = {_storage(t) for t in tensors if t.numel()}
+        self.sizes = []
+
+    def __enter__(self):
+        super().__enter__()
+        return self.sizes
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        target = args[0] if args else None
+        if isinstance(target, torch.Tensor) and target.numel() and \
+                _storage(target) in self.storages:
+            name = getattr(func, '__name__', '')
+            if name == '__setitem__':
+                self.sizes.append(target[args[1]].numel())
+            elif name.startswith('__i') or (name.endswith('_') and not name.startswith('_')):
+                self.sizes.append(target.numel())  # add_, copy_, +=, ...
+        return result
+
+
 @_checker('ring_allreduce(data)', 'ring_allreduce')
 def check_ring_allreduce(ring_allreduce, rng):
     """Check `ring_allreduce(data)`: every tensor of `data` must end up holding the sum, in place.
 
     `data` holds one tensor per device slot. The reference is the sum of the
     inputs, computed in float64. The checker verifies the result (values,
-    in place, on the same device, no shared memory), not the message pattern.
+    in place, on the same device, no shared memory) and that it was built as a
+    ring: no single in-place write into a slot's tensor covers more than one
+    chunk (ceil(numel / k) elements), which rules out the naive allreduce.
     """
     generator = torch.Generator().manual_seed(rng.randrange(2**31))
     cases = [(2, (6,), torch.float32), (3, (2,), torch.float32), (1, (5,), torch.float32),
@@ -565,7 +603,8 @@ def check_ring_allreduce(ring_allreduce, rng):
         inputs = [t.detach().cpu().clone() for t in data]
         expected = torch.stack([t.double() for t in inputs]).sum(0)
         case = f'{k} tensor(s) of shape {shape} and dtype {dtype}'
-        _call(ring_allreduce, (data,), f'ring_allreduce on {case}', first=n == 0)
+        with _WriteRecorder(data) as writes:
+            _call(ring_allreduce, (data,), f'ring_allreduce on {case}', first=n == 0)
         if len(data) != k:
             raise _Fail(f'{case}: data now holds {len(data)} tensors; keep one per slot.')
         if len({_storage(t) for t in data if t.numel()}) < sum(1 for t in data if t.numel()):
@@ -609,8 +648,18 @@ def check_ring_allreduce(ring_allreduce, rng):
                         'reduce-scatter steps (add) and n - 1 all-gather steps (copy); check '
                         'which chunk each slot sends at each step.')
             raise _Fail(f'{case}: data[{i}] is not the sum of the inputs. Hint: {hint}')
+        numel, chunk = inputs[0].numel(), math.ceil(inputs[0].numel() / k)
+        if k > 1 and numel >= k and max(writes, default=0) > chunk:
+            raise _Fail(f'{case}: the sums are right, but not computed by a ring: one write into '
+                        f'a slot\'s tensor covered {max(writes)} elements, more than a chunk '
+                        f'({chunk} = ceil({numel} / {k})). Hint: that is the naive allreduce '
+                        '(everything through one place, then copied back). Cut each tensor '
+                        'into k chunks (t.view(-1).tensor_split(k)) and, at every step, let '
+                        'each slot pass one chunk to its neighbour: add it during the k - 1 '
+                        'reduce-scatter steps, copy it during the k - 1 all-gather steps.')
     return (f'{len(cases)} allreduces (1 to 6 slots; float and int; empty tensors and tensors '
-            'with fewer elements than slots) leave the exact sum in every slot\'s own tensor.')
+            'with fewer elements than slots) leave the exact sum in every slot\'s own tensor, '
+            'written one chunk at a time as a ring does.')
 
 
 def _place_label(device):

@@ -140,8 +140,28 @@ def unexplained(i, num_gpus):
     raise ValueError('bad index')
 
 
+def names_only_the_index(i, num_gpus):
+    if isinstance(i, int) and 0 <= i < num_gpus:
+        return torch.device('cuda', i)
+    raise ValueError(f'GPU {i!r} does not exist')
+
+
 def counts_entries(mask, num_gpus):
     return num_gpus if mask is None else (0 if mask == '' else len(mask.split(',')))
+
+
+def reads_digits_only(mask, num_gpus):
+    """Count entries up to the first one that is not all digits (misses ' 1' and '1gpu')."""
+    if mask is None:
+        return num_gpus
+    seen = []
+    for entry in mask.split(','):
+        if not entry.isdigit() or int(entry) >= num_gpus:
+            break
+        if int(entry) in seen:
+            return 0
+        seen.append(int(entry))
+    return len(seen)
 
 
 def no_range_check(mask, num_gpus):
@@ -170,6 +190,10 @@ def strip_strict_false(net, state_dict):
 
 def strip_with_replace(net, state_dict):
     net.load_state_dict({k.replace('module.', ''): v for k, v in state_dict.items()})
+
+
+def strip_with_lstrip(net, state_dict):
+    net.load_state_dict({k.lstrip('module.'): v for k, v in state_dict.items()})
 
 
 def always_strips(net, state_dict):
@@ -253,6 +277,12 @@ def assigns_to_local_name(data):
         t = total  # noqa: F841 (the mistake under test)
 
 
+def sums_then_copies(data):
+    total = sum(t.clone() for t in data)
+    for t in data:
+        t.copy_(total)
+
+
 def averages(data):
     total = sum(t.clone() for t in data)
     for t in data:
@@ -319,14 +349,17 @@ WRONG = [
     (exercises.check_pick_device, falls_back_to_cpu, 'fell back to the CPU'),
     (exercises.check_pick_device, accepts_negative, 'negative indices'),
     (exercises.check_pick_device, unexplained, 'how many GPUs'),
+    (exercises.check_pick_device, names_only_the_index, 'how many GPUs'),
     (exercises.check_visible_count, counts_entries, "'-1' is not a GPU"),
     (exercises.check_visible_count, no_range_check, 'the machine does not have'),
     (exercises.check_visible_count, ignores_repeats, 'listed twice'),
+    (exercises.check_visible_count, reads_digits_only, 'strtoul'),
     (exercises.check_load_checkpoint, no_strip_strict_false, 'strict=False'),
     (exercises.check_load_checkpoint, no_strip_strict_false, 'nothing was loaded'),
     (exercises.check_load_checkpoint, strip_strict_false, 'strict=False silently ignores'),
     (exercises.check_load_checkpoint, strip_with_replace, ".replace('module.', '')"),
     (exercises.check_load_checkpoint, always_strips, "no 'module.' prefix"),
+    (exercises.check_load_checkpoint, strip_with_lstrip, 'a set of characters'),
     (exercises.check_unbalanced_bubble, equal_stage_bubble, 'the slowest one sets the pace'),
     (exercises.check_unbalanced_bubble, slowest_everywhere, 'not p times the slowest'),
     (exercises.check_unbalanced_bubble, lambda t, m: 1 - unbalanced(t, m), 'busy share'),
@@ -344,6 +377,8 @@ WRONG = [
     (exercises.check_ring_allreduce, reference_ring(lambda dst, src: dst.copy_(src)),
      'assigned where it should be added'),
     (exercises.check_ring_allreduce, averages, 'mean'),
+    (exercises.check_ring_allreduce, sums_then_copies, 'not computed by a ring'),
+    (exercises.check_ring_allreduce, d2lpar.allreduce, 'the naive allreduce'),
     (exercises.check_split_batch, drops_remainder, 'instead of dropping them'),
     (exercises.check_split_batch, uses_chunk, 'torch.tensor_split'),
     (exercises.check_split_batch, forgets_to_move, 'move each part'),
