@@ -20,6 +20,8 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
+from .devices import env_flag
+
 __all__ = ['load_data_fashion_mnist', 'prepare_fashion_mnist', 'get_fashion_mnist_labels', 'TensorLoader',
            'data_root', 'fashion_mnist_source', 'make_standin', 'offline']
 
@@ -50,7 +52,7 @@ def data_root():
 
 def offline():
     """Return True when D2LPAR_OFFLINE=1 asks never to download."""
-    return os.environ.get('D2LPAR_OFFLINE', '0') not in ('', '0')
+    return env_flag('D2LPAR_OFFLINE')
 
 
 # ---------------------------------------------------------------- IDX files

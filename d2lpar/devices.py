@@ -4,7 +4,7 @@ import os
 import torch
 
 __all__ = ['try_gpu', 'try_all_gpus', 'num_gpus', 'device_slots',
-           'hardware_tier', 'synchronize', 'small_workload']
+           'hardware_tier', 'synchronize', 'small_workload', 'env_flag']
 
 
 def num_gpus():
@@ -14,6 +14,9 @@ def num_gpus():
 
 def try_gpu(i=0):
     """Return gpu(i) if it exists, otherwise return cpu()."""
+    if not isinstance(i, int) or isinstance(i, bool):
+        raise TypeError(f'try_gpu(i) needs an int GPU index such as 0 or 1, got '
+                        f'{type(i).__name__} {i!r}')
     # A negative index is no GPU: without the lower bound, try_gpu(-1) gave cuda:-1.
     if 0 <= i < num_gpus():
         return torch.device(f'cuda:{i}')
@@ -75,4 +78,15 @@ def small_workload():
 
     The test suite sets D2LPAR_SMALL=1; learners get the full workload.
     """
-    return os.environ.get('D2LPAR_SMALL', '0') not in ('', '0')
+    return env_flag('D2LPAR_SMALL')
+
+
+def env_flag(name):
+    """Return the on/off setting of environment variable `name` (unset means off)."""
+    value = os.environ.get(name, '').strip().lower()
+    if value in ('', '0', 'false', 'no', 'off'):
+        return False
+    if value in ('1', 'true', 'yes', 'on'):
+        return True
+    raise ValueError(f'{name}={os.environ[name]!r} is neither on nor off: set it to 1 (on) or '
+                     f'0 (off), or unset it')

@@ -14,6 +14,11 @@ def in_notebook():
     return shell is not None and hasattr(shell, 'kernel')
 
 
+def _plain(value):
+    """Return tensors and arrays as Python numbers or lists (a 0-d tensor has no len())."""
+    return value.tolist() if hasattr(value, 'tolist') else value
+
+
 class Animator:
     """Plot data in animation.
 
@@ -30,6 +35,8 @@ class Animator:
         from matplotlib.figure import Figure
         self.fig = Figure(figsize=figsize)
         self.axes = self.fig.add_subplot()
+        if isinstance(legend, str):  # one line's name, not a list of one-letter names
+            legend = [legend]
         self.xlabel, self.ylabel, self.legend = xlabel, ylabel, list(legend or [])
         self.xlim, self.ylim, self.xscale, self.yscale = xlim, ylim, xscale, yscale
         self.fmts, self.title = fmts, title
@@ -38,6 +45,7 @@ class Animator:
 
     def add(self, x, y):
         """Add one point per line: x and y are scalars or equal-length lists."""
+        x, y = _plain(x), _plain(y)
         if not hasattr(y, '__len__'):
             y = [y]
         n = len(y)
@@ -46,6 +54,9 @@ class Animator:
         if len(x) != n:
             raise ValueError(f'Animator.add: got {len(x)} x values for {n} y values')
         if self.X is None:
+            if n > len(self.fmts):
+                raise ValueError(f'Animator.add: {n} lines but only {len(self.fmts)} formats '
+                                 f'in fmts={self.fmts!r}; pass one format per line')
             self.X, self.Y = [[] for _ in range(n)], [[] for _ in range(n)]
         if n != len(self.Y):
             raise ValueError(f'Animator.add: this plot has {len(self.Y)} lines, got {n} values')

@@ -51,9 +51,19 @@ def test_device_slots_bad_input(bad):
         d2lpar.device_slots(bad)
 
 
-def test_synchronize_is_a_noop_without_cuda():
+def test_synchronize_waits_only_for_cuda(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, 'synchronize', calls.append)
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
     devices.synchronize(torch.device('cpu'))
     devices.synchronize()
+    assert calls == []  # no CUDA: nothing to wait for
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    devices.synchronize('cpu')
+    assert calls == []  # CPU work is never queued
+    devices.synchronize('cuda:1')
+    devices.synchronize()
+    assert calls == ['cuda:1', None]
 
 
 def test_small_workload(monkeypatch):
@@ -63,3 +73,26 @@ def test_small_workload(monkeypatch):
     assert not d2lpar.small_workload()
     monkeypatch.delenv('D2LPAR_SMALL')
     assert not d2lpar.small_workload()
+
+
+@pytest.mark.parametrize('bad', ['0', None, 1.5, True])
+def test_try_gpu_needs_an_int(bad):
+    with pytest.raises(TypeError, match='int GPU index'):
+        d2lpar.try_gpu(bad)
+
+
+@pytest.mark.parametrize('value,expected', [(None, False), ('', False), ('0', False),
+                                            ('false', False), ('No', False), ('1', True),
+                                            ('true', True), (' yes ', True), ('ON', True)])
+def test_env_flag(monkeypatch, value, expected):
+    if value is None:
+        monkeypatch.delenv('D2LPAR_TEST_FLAG', raising=False)
+    else:
+        monkeypatch.setenv('D2LPAR_TEST_FLAG', value)
+    assert d2lpar.env_flag('D2LPAR_TEST_FLAG') is expected
+
+
+def test_env_flag_refuses_what_it_cannot_read(monkeypatch):
+    monkeypatch.setenv('D2LPAR_SMALL', 'maybe')
+    with pytest.raises(ValueError, match="D2LPAR_SMALL='maybe' is neither on nor off"):
+        d2lpar.small_workload()

@@ -8,11 +8,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-try:
-    import tomllib
-except ImportError:  # Python < 3.11 reads TOML with the tomli backport, if present
-    tomllib = pytest.importorskip('tomli')
-
 ROOT = Path(__file__).resolve().parent.parent
 CONDA_NAMES = {'torch': 'pytorch'}  # PyPI name -> conda-forge name where they differ
 
@@ -23,6 +18,10 @@ def parse(requirement):
 
 
 def test_environment_yml_matches_pyproject():
+    try:
+        import tomllib
+    except ImportError:  # Python < 3.11: only this test needs the tomli backport
+        tomllib = pytest.importorskip('tomli')
     project = tomllib.loads((ROOT / 'pyproject.toml').read_text())['project']
     wanted = [*project['dependencies'], *project['optional-dependencies']['course']]
     wanted = dict(parse(r) for r in wanted)
@@ -60,11 +59,15 @@ def test_notebooks_are_numbered_and_end_with_summary_and_exercises():
 
 
 def test_import_has_no_side_effects():
-    code = ('import sys, torch; before = set(sys.modules); import d2lpar; '
-            'print(torch.cuda.is_initialized(), "matplotlib.pyplot" in sys.modules)')
-    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
-                         check=True).stdout.split()
-    assert out == ['False', 'False']
+    code = ('import os, sys, torch; env = dict(os.environ); cwd = set(os.listdir()); '
+            'import d2lpar; '
+            'print(torch.cuda.is_initialized(), "matplotlib.pyplot" in sys.modules, '
+            'dict(os.environ) == env, set(os.listdir()) == cwd)')
+    run = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                         check=True, cwd=ROOT)
+    # Importing initialises no CUDA, loads no pyplot, sets no variable, writes no file,
+    # and prints nothing besides the probe's own line.
+    assert run.stdout.split() == ['False', 'False', 'True', 'True'] and run.stderr == ''
 
 
 def test_info_command():

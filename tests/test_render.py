@@ -187,7 +187,7 @@ def find_chromium():
             return shutil.which(name)
     reason = ('headless Chromium is not installed (Debian: apt-get install -y chromium), so '
               'the rendered pages cannot be checked in a browser')
-    if os.environ.get('D2LPAR_REQUIRE_BROWSER', '0') not in ('', '0'):
+    if d2lpar.env_flag('D2LPAR_REQUIRE_BROWSER'):
         pytest.fail(reason + '; D2LPAR_REQUIRE_BROWSER=1 requires it')
     pytest.skip(reason)
 

@@ -47,3 +47,19 @@ def test_animator_headless_prints_points(capsys):
     assert png.startswith(b'\x89PNG') and len(png) > 1000
     with pytest.raises(ValueError, match='has 2 lines'):
         animator.add(3, (1, 2, 3))
+
+
+def test_animator_takes_tensors_and_a_single_legend(capsys):
+    import torch
+    animator = d2lpar.Animator(xlabel='epoch', legend='loss')
+    animator.add(torch.tensor(1), torch.tensor(0.5))  # 0-d tensors, as a loss.item()-less call
+    animator.add(2, torch.tensor([0.25]))
+    assert animator.legend == ['loss']
+    assert animator.X == [[1, 2]] and animator.Y == [[0.5, 0.25]]
+    assert capsys.readouterr().out.splitlines() == ['epoch 1: loss 0.5', 'epoch 2: loss 0.25']
+
+
+def test_animator_refuses_more_lines_than_formats():
+    animator = d2lpar.Animator(fmts=('-', 'r:'))
+    with pytest.raises(ValueError, match='3 lines but only 2 formats'):
+        animator.add(1, [1, 2, 3])
