@@ -157,8 +157,17 @@ def misspelled_cuda_vars(environ=None):
     for name in environ:
         if name in _KNOWN_VARS or name in _OTHER_VARS:
             continue
-        if difflib.get_close_matches(name.upper().strip(), _KNOWN_VARS, n=1, cutoff=0.85):
-            suspects.append(name)
+        upper = name.upper().strip()
+        match = difflib.get_close_matches(upper, _KNOWN_VARS, n=1, cutoff=0.85)
+        if not match:
+            continue
+        # XPU_VISIBLE_DEVICES, MLU_VISIBLE_DEVICES, ...: other accelerators' variables end
+        # the same way; only a prefix close to CUDA (CUDE_, CDUA_) is a typo.
+        prefix, _, rest = upper.partition('_')
+        if (rest == match[0].partition('_')[2]
+                and difflib.SequenceMatcher(None, prefix, 'CUDA').ratio() < 0.75):
+            continue
+        suspects.append(name)
     return sorted(suspects)
 
 

@@ -116,9 +116,12 @@ def test_misspelled_cuda_vars():
     environ = {'CUDA_VISIBLE_DEVICE': '1', 'cuda_visible_devices': '1', 'CUDA_DEVICE_ODER': 'x',
                'CUDA_VISIBLE_DEVICES': '0', 'CUDA_DEVICE_ORDER': 'PCI_BUS_ID',
                'NVIDIA_VISIBLE_DEVICES': 'all', 'HIP_VISIBLE_DEVICES': '0', 'CUDA_HOME': '/x',
-               'PATH': '/bin'}
+               'PATH': '/bin', 'CUDE_VISIBLE_DEVICES': '1',
+               # other accelerators' real variables are not typos of CUDA's
+               'XPU_VISIBLE_DEVICES': '0', 'TPU_VISIBLE_DEVICES': '0', 'MLU_VISIBLE_DEVICES': '0',
+               'NPU_VISIBLE_DEVICES': '0', 'GPU_DEVICE_ORDINAL': '0'}
     assert d2lpar.misspelled_cuda_vars(environ) == [
-        'CUDA_DEVICE_ODER', 'CUDA_VISIBLE_DEVICE', 'cuda_visible_devices']
+        'CUDA_DEVICE_ODER', 'CUDA_VISIBLE_DEVICE', 'CUDE_VISIBLE_DEVICES', 'cuda_visible_devices']
     assert d2lpar.misspelled_cuda_vars({'CUDA_VISIBLE_DEVICES': ''}) == []
 
 
