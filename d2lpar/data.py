@@ -33,13 +33,17 @@ FILES = {  # name: (IDX magic number, number of items)
 }
 MANIFEST = 'SHA256SUMS'
 STANDIN_SEED = 20240601
-TEXT_LABELS = ['t-shirt', 'trouser', 'pullover', 'dress', 'coat',
-               'sandal', 'shirt', 'sneaker', 'bag', 'ankle boot']
+TEXT_LABELS = ('t-shirt', 'trouser', 'pullover', 'dress', 'coat',
+               'sandal', 'shirt', 'sneaker', 'bag', 'ankle boot')
 
 
 def get_fashion_mnist_labels(labels):
     """Return text labels for the Fashion-MNIST dataset."""
-    return [TEXT_LABELS[int(i)] for i in labels]
+    labels = [int(i) for i in labels]
+    bad = [i for i in labels if not 0 <= i < len(TEXT_LABELS)]
+    if bad:
+        raise ValueError(f'Fashion-MNIST labels are 0..{len(TEXT_LABELS) - 1}, got {bad[:5]}')
+    return [TEXT_LABELS[i] for i in labels]
 
 
 def data_root():
@@ -309,7 +313,15 @@ class TensorLoader:
             raise ValueError(f'X has {len(X)} rows but y has {len(y)}')
         self.X, self.y = X, y
         self.batch_size, self.shuffle = batch_size, shuffle
-        self.resize = (resize, resize) if isinstance(resize, int) else resize
+        if isinstance(resize, int) and not isinstance(resize, bool):
+            resize = (resize, resize)
+        if resize is not None and not (
+                isinstance(resize, (tuple, list)) and len(resize) == 2
+                and all(isinstance(r, int) and not isinstance(r, bool) and r > 0
+                        for r in resize)):
+            raise ValueError(f'resize must be None, a positive int or a (height, width) pair '
+                             f'of positive ints, got {resize!r}')
+        self.resize = resize
 
     def __len__(self):
         return math.ceil(len(self.X) / self.batch_size)

@@ -383,7 +383,7 @@ def _gpipe_idle(stage_times, m, backward=1.0):
     return 1 - busy / (p * max(done))
 
 
-_WRONG_BUBBLES = [
+_WRONG_BUBBLES = (
     (lambda t, m: (len(t) - 1) / (m + len(t) - 1),
      'that is the bubble of equal stages, (p-1)/(m+p-1): with unequal stages the slowest one '
      'sets the pace and the others wait for it.'),
@@ -395,7 +395,7 @@ _WRONG_BUBBLES = [
      'that is model parallelism without micro-batches overlapping: one stage works at a time.'),
     (lambda t, m: 1 - _gpipe_idle(t, m), 'that is the busy share; the bubble is the idle share.'),
     (lambda t, m: 100 * _gpipe_idle(t, m), 'return a fraction between 0 and 1, not a percentage.'),
-]
+)
 
 
 @_checker('unbalanced_bubble(stage_times, num_microbatches)', 'unbalanced_bubble')

@@ -7,8 +7,8 @@ from .timing import Accumulator
 
 __all__ = ['init_lenet_params', 'lenet', 'accuracy', 'evaluate_accuracy_gpu']
 
-LENET_SHAPES = [(20, 1, 3, 3), (20,), (50, 20, 5, 5), (50,),
-                (800, 128), (128,), (128, 10), (10,)]
+LENET_SHAPES = ((20, 1, 3, 3), (20,), (50, 20, 5, 5), (50,),
+                (800, 128), (128,), (128, 10), (10,))
 
 
 def init_lenet_params(scale=0.1, seed=None):
@@ -34,7 +34,9 @@ def lenet(X, params):
 
 def accuracy(y_hat, y):
     """Compute the number of correct predictions."""
-    return float((y_hat.argmax(dim=1) == y).sum())
+    if y_hat.dim() > 1 and y_hat.shape[1] > 1:  # scores per class: take the best class
+        y_hat = y_hat.argmax(dim=1)
+    return float((y_hat.type(y.dtype) == y).sum())
 
 
 def evaluate_accuracy_gpu(net, data_iter, device=None):

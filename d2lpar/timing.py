@@ -53,6 +53,9 @@ class Accumulator:
     """For accumulating sums over `n` variables."""
 
     def __init__(self, n):
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f'Accumulator(n) needs a positive int n, the number of sums, '
+                             f'got {n!r}')
         self.data = [0.0] * n
 
     def add(self, *args):

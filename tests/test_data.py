@@ -184,3 +184,17 @@ def test_standin_is_learnable_but_not_trivial(standin_root):
         optimizer.step()
     acc = d2lpar.evaluate_accuracy_gpu(lambda X: d2lpar.lenet(X, params), test_iter)
     assert 0.5 < acc < 0.97, acc
+
+
+@pytest.mark.parametrize('bad', [-3, 0, 'a', (28,), (28, 0), 2.5, True])
+def test_tensor_loader_bad_resize(bad):
+    X, y = torch.zeros(4, 1, 28, 28), torch.zeros(4, dtype=torch.long)
+    with pytest.raises(ValueError, match='resize must be None, a positive int'):
+        data.TensorLoader(X, y, 2, resize=bad)
+
+
+def test_text_labels():
+    assert d2lpar.get_fashion_mnist_labels(torch.tensor([0, 9])) == ['t-shirt', 'ankle boot']
+    for bad in ([-1], [10]):
+        with pytest.raises(ValueError, match=r'labels are 0\.\.9'):
+            d2lpar.get_fashion_mnist_labels(bad)

@@ -54,3 +54,10 @@ def test_evaluate_accuracy_by_hand():
     assert not net.training
     with pytest.raises(ValueError, match='no examples'):
         d2lpar.evaluate_accuracy_gpu(net, [])
+
+
+def test_accuracy_of_scores_and_of_class_indices():
+    y = torch.tensor([0, 2, 1])
+    scores = torch.tensor([[0.9, 0.1, 0.0], [0.2, 0.3, 0.5], [0.6, 0.3, 0.1]])
+    assert d2lpar.accuracy(scores, y) == 2.0  # by hand: rows 0 and 1 are right
+    assert d2lpar.accuracy(torch.tensor([0, 2, 0]), y) == 2.0  # predicted classes, as d2l allows

@@ -63,3 +63,9 @@ def test_animator_refuses_more_lines_than_formats():
     animator = d2lpar.Animator(fmts=('-', 'r:'))
     with pytest.raises(ValueError, match='3 lines but only 2 formats'):
         animator.add(1, [1, 2, 3])
+
+
+@pytest.mark.parametrize('bad', [0, -1, '2', 2.0])
+def test_accumulator_bad_size(bad):
+    with pytest.raises(ValueError, match='positive int n'):
+        d2lpar.Accumulator(bad)
