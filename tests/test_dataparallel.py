@@ -155,7 +155,8 @@ def test_state_dict_has_the_module_prefix_like_nn_dataparallel():
 def test_equals_nn_dataparallel_on_gpus():
     devices = d2lpar.try_all_gpus()
     net = small_cnn().to(devices[0])
-    X = torch.randn(16, 1, 8, 8, dtype=torch.float64)
+    # Two rows per GPU: 16 rows on 5 or 7 GPUs make fewer torch.chunk parts than GPUs.
+    X = torch.randn(2 * len(devices), 1, 8, 8, dtype=torch.float64)
     ours = d2lpar.HandDataParallel(net, devices)(X)
     ours.sum().backward()
     expected = grads(net)
@@ -180,8 +181,9 @@ def test_load_state_dict_flexible_adds_or_strips_the_prefix(source_wrapped, targ
     source, target = WithSubmodule(), WithSubmodule()
     saved = (nn.DataParallel(source) if source_wrapped else source).state_dict()
     d2lpar.load_state_dict_flexible(nn.DataParallel(target) if target_wrapped else target, saved)
+    # .cpu(): with exactly one GPU, nn.DataParallel moves the module it wraps to cuda:0.
     for p, q in zip(source.parameters(), target.parameters()):
-        torch.testing.assert_close(q, p, rtol=0, atol=0)
+        torch.testing.assert_close(q.cpu(), p.cpu(), rtol=0, atol=0)
     # It agrees with PyTorch's own helper, and unlike str.replace keeps 'submodule.'.
     official = dict(nn.DataParallel(source).state_dict())
     consume_prefix_in_state_dict_if_present(official, 'module.')
@@ -212,12 +214,12 @@ def test_load_state_dict_flexible_refuses_a_partial_load():
 def test_save_checkpoint_round_trip_and_errors(tmp_path):
     net = small_cnn()
     path = d2lpar.save_checkpoint(nn.DataParallel(net).state_dict(), tmp_path / 'ckpt.pt')
-    loaded = torch.load(path, weights_only=True)
+    loaded = torch.load(path, map_location='cpu', weights_only=True)
     fresh = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
                           nn.Flatten(), nn.Linear(16 * 4, 10)).double()
     d2lpar.load_state_dict_flexible(fresh, loaded)
-    for p, q in zip(net.parameters(), fresh.parameters()):
-        torch.testing.assert_close(q, p, rtol=0, atol=0)
+    for p, q in zip(net.parameters(), fresh.parameters()):  # net is on cuda:0 if there is one GPU
+        torch.testing.assert_close(q, p.cpu(), rtol=0, atol=0)
     with pytest.raises(ValueError, match='does not exist'):
         d2lpar.save_checkpoint(net.state_dict(), tmp_path / 'no' / 'ckpt.pt')
     with pytest.raises(TypeError, match='not the net'):

@@ -28,8 +28,9 @@ def random_batch(n, seed):
 def assert_replicas_identical(device_params):
     for replica in device_params[1:]:
         for p, q in zip(device_params[0], replica):
-            torch.testing.assert_close(q, p, rtol=0, atol=0)
-            assert q.data_ptr() != p.data_ptr()
+            # .cpu(): with two GPUs the replicas live on different devices.
+            torch.testing.assert_close(q.cpu(), p.cpu(), rtol=0, atol=0)
+            assert (q.device, q.data_ptr()) != (p.device, p.data_ptr())
 
 
 @pytest.mark.parametrize('k,n', [(1, 64), (2, 64), (1, 37), (2, 37), (3, 37)])
