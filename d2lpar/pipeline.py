@@ -45,8 +45,12 @@ class ModelParallel(nn.Module):
                 raise ValueError(f'ModelParallel: {n} layers cannot fill {p} stages; '
                                  f'use at most {n} devices')
             balance = [n // p + (1 if i < n % p else 0) for i in range(p)]
+        if isinstance(balance, int) or not hasattr(balance, '__iter__'):
+            raise TypeError(f'ModelParallel: balance must be a list of layer counts, one per '
+                            f'device (e.g. [2, 3]), got {balance!r}')
         balance = list(balance)
-        if (len(balance) != p or any(not isinstance(b, int) or b < 1 for b in balance)
+        if (len(balance) != p or any(not isinstance(b, int) or isinstance(b, bool) or b < 1
+                                     for b in balance)
                 or sum(balance) != n):
             raise ValueError(f'ModelParallel: balance={balance} must give a positive number of '
                              f'layers for each of the {p} devices, adding up to the {n} layers '
@@ -130,20 +134,22 @@ def gpipe_step(model, X, y, loss, chunks):
                     if last:
                         out = loss(out, ys[j].to(device)) * (len(ys[j]) / n)
                         losses[j] = out.detach()
-                    else:
-                        acts[i + 1].put((j, out.detach()))
                     synchronize(device)
+                    # The end is taken before the hand-over, so the next stage cannot
+                    # record a start that precedes it.
                     events.append((i, j, 'F', start, time.perf_counter() - t0))
+                    if not last:
+                        acts[i + 1].put((j, out.detach()))
                     kept[j] = (x, out)
                 for k in range(chunks):
                     j, grad = (chunks - 1 - k, None) if last else get(grads[i])
                     start = time.perf_counter() - t0
                     x, out = kept.pop(j)
                     out.backward(None if last else grad.to(device))
-                    if i > 0:
-                        grads[i - 1].put((j, x.grad))
                     synchronize(device)
                     events.append((i, j, 'B', start, time.perf_counter() - t0))
+                    if i > 0:
+                        grads[i - 1].put((j, x.grad))
         except _Abort:
             pass
         except Exception as e:  # re-raised in the caller's thread below
@@ -211,7 +217,10 @@ def idle_fraction(events, num_stages):
     """Return the share of stage time spent idle between the first start and the last end."""
     if not events:
         raise ValueError('idle_fraction: no events')
+    _positive_int(num_stages, 'num_stages', 'idle_fraction')
     span = max(e[4] for e in events) - min(e[3] for e in events)
+    if span <= 0:
+        raise ValueError('idle_fraction: the events span no time (every end equals the first start)')
     busy = sum(e[4] - e[3] for e in events)
     return 1 - busy / (num_stages * span)
 
@@ -246,6 +255,9 @@ def schedule_problems(events, num_stages, num_microbatches):
 
 def plot_schedule(events, num_stages, ax=None, title=None, unit='time step'):
     """Draw a pipeline schedule as a Gantt chart: one row per stage, one box per task."""
+    if not events:
+        raise ValueError('plot_schedule: no events to draw; pass the events of '
+                         'd2lpar.pipeline_schedule or of a gpipe_step')
     if ax is None:
         from matplotlib.figure import Figure
         ax = Figure(figsize=(7, 0.45 * num_stages + 1)).add_subplot()

@@ -5,7 +5,7 @@ import math
 import torch
 from torch.nn import functional as F
 
-from .data import load_data_fashion_mnist
+from .data import _check_batch_size, load_data_fashion_mnist
 from .devices import device_slots
 from .models import evaluate_accuracy_gpu, init_lenet_params, lenet
 from .parallel import allreduce, get_params, split_batch
@@ -32,6 +32,11 @@ def _check_replicas(device_params, devices):
         raise ValueError(f'train_batch: the replicas hold different numbers of tensors {sorted(sizes)}')
 
 
+def _check_lr(lr, who):
+    if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not math.isfinite(lr) or lr <= 0:
+        raise ValueError(f'{who}: lr must be a positive number, got {lr!r}')
+
+
 def train_batch(X, y, device_params, devices, lr, net=lenet):
     """Train on one minibatch split across `devices`: backward per slot, allreduce, same update.
 
@@ -41,16 +46,22 @@ def train_batch(X, y, device_params, devices, lr, net=lenet):
     when the slots get unequal shares.
     """
     _check_replicas(device_params, devices)
+    _check_lr(lr, 'train_batch')
     X_shards, y_shards = split_batch(X, y, devices)
-    for X_shard, y_shard, params in zip(X_shards, y_shards, device_params):
-        F.cross_entropy(net(X_shard, params), y_shard, reduction='sum').backward()
-    if len(devices) > 1:  # with one slot the sum is the gradient itself: skip the copies
-        for grads in zip(*[[p.grad for p in params] for params in device_params]):
-            allreduce(list(grads))
-    with torch.no_grad():
+    try:
+        for X_shard, y_shard, params in zip(X_shards, y_shards, device_params):
+            F.cross_entropy(net(X_shard, params), y_shard, reduction='sum').backward()
+        if len(devices) > 1:  # with one slot the sum is the gradient itself: skip the copies
+            for grads in zip(*[[p.grad for p in params] for params in device_params]):
+                allreduce(list(grads))
+        with torch.no_grad():
+            for params in device_params:
+                for p in params:
+                    p.sub_(p.grad, alpha=lr / X.shape[0])
+    finally:
+        # Also after an error: gradients left behind would be added to the next step's.
         for params in device_params:
             for p in params:
-                p.sub_(p.grad, alpha=lr / X.shape[0])
                 p.grad = None
 
 
@@ -99,8 +110,8 @@ def train(num_gpus, batch_size, lr, num_epochs=10, max_batches=None, params=None
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f'train: {name} must be a positive int, got {value!r}'
                              + (' (or None for whole epochs)' if name == 'max_batches' else ''))
-    if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not math.isfinite(lr) or lr <= 0:
-        raise ValueError(f'train: lr must be a positive number, got {lr!r}')
+    _check_lr(lr, 'train')
+    _check_batch_size(batch_size)
     train_iter, test_iter = _load(data, batch_size)
     examples = getattr(train_iter, 'X', getattr(train_iter, 'dataset', None))
     if examples is not None:  # other loaders still get scatter's error at the first bad batch

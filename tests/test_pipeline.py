@@ -52,6 +52,11 @@ def test_model_parallel_bad_input():
         d2lpar.ModelParallel(nn.Sequential(nn.ReLU(), nn.ReLU(), nn.ReLU()), [CPU] * 2, [1, 1])
     with pytest.raises(ValueError, match='empty'):
         d2lpar.ModelParallel(nn.Sequential(nn.ReLU()), [])
+    three = nn.Sequential(nn.ReLU(), nn.ReLU(), nn.ReLU())
+    with pytest.raises(TypeError, match='balance must be a list of layer counts'):
+        d2lpar.ModelParallel(three, [CPU, CPU], balance=5)
+    with pytest.raises(ValueError, match=r'balance=\[True, 2\]'):
+        d2lpar.ModelParallel(three, [CPU, CPU], balance=[True, 2])
 
 
 @pytest.mark.parametrize('p,chunks,n', [(1, 1, 12), (2, 1, 12), (2, 4, 12), (3, 3, 12),
@@ -119,6 +124,16 @@ def test_plot_schedule_draws_one_box_per_task():
     ax = fig.axes[0]
     assert len(ax.patches) == len(events) == 2 * 3 * 4
     assert [t.get_text() for t in ax.get_yticklabels()] == ['stage 0', 'stage 1', 'stage 2']
+
+
+def test_schedule_helpers_refuse_empty_or_meaningless_input():
+    with pytest.raises(ValueError, match='plot_schedule: no events'):
+        d2lpar.plot_schedule([], 2)
+    events = d2lpar.pipeline_schedule(2, 2)
+    with pytest.raises(ValueError, match='num_stages must be a positive int'):
+        d2lpar.idle_fraction(events, 0)
+    with pytest.raises(ValueError, match='span no time'):
+        d2lpar.idle_fraction([(0, 0, 'F', 1.0, 1.0)], 1)
 
 
 def test_memory_footprint_by_hand():

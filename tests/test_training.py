@@ -89,6 +89,34 @@ def test_train_batch_bad_input():
         d2lpar.train_batch(X, y, [replica, replica], devices, 0.1)
 
 
+@pytest.mark.parametrize('lr', [None, '0.1', -1.0, float('nan')])
+def test_train_batch_bad_lr_is_refused_before_any_gradient(lr):
+    params = d2lpar.init_lenet_params(seed=0)
+    X, y = random_batch(8, seed=0)
+    replicas = [d2lpar.get_params(params, CPU) for _ in range(2)]
+    with pytest.raises(ValueError, match='train_batch: lr must be a positive number'):
+        d2lpar.train_batch(X, y, replicas, [CPU, CPU], lr)
+    assert all(p.grad is None for replica in replicas for p in replica)
+
+
+def test_a_failed_step_leaves_no_gradient_for_the_next():
+    params = d2lpar.init_lenet_params(seed=0)
+    X, y = random_batch(8, seed=0)
+    replicas = [d2lpar.get_params(params, CPU) for _ in range(2)]
+
+    def breaks_after_backward(X, params):
+        if X.shape[0] == 4 and params is replicas[1]:  # the second slot's forward fails
+            raise RuntimeError('out of memory (simulated)')
+        return d2lpar.lenet(X, params)
+
+    with pytest.raises(RuntimeError, match='simulated'):
+        d2lpar.train_batch(X, y, replicas, [CPU, CPU], 0.1, net=breaks_after_backward)
+    assert all(p.grad is None for replica in replicas for p in replica)
+    d2lpar.train_batch(X, y, replicas, [CPU, CPU], 0.1)  # the next step is a clean step
+    for p, q in zip(replicas[0], reference_sgd(params, [(X, y)], 0.1)):
+        torch.testing.assert_close(p.detach(), q, rtol=1e-5, atol=1e-6)
+
+
 def test_check_splits():
     _check_splits(10, 4, 2, None)  # 4 + 4 + 2: every batch feeds both slots
     with pytest.raises(ValueError, match='minibatch of 2 examples cannot be split across 3'):
@@ -113,6 +141,8 @@ def test_train_learns_and_keeps_replicas_identical():
     (dict(num_epochs=0), 'num_epochs must be a positive int'),
     (dict(max_batches=0), r'max_batches must be a positive int, got 0 \(or None'),
     (dict(num_gpus=3, batch_size=4), 'cannot be split across 3 device slots'),
+    (dict(batch_size=0), 'batch_size must be a positive int'),
+    (dict(batch_size=8.0), 'batch_size must be a positive int'),
 ])
 def test_train_bad_arguments(kwargs, match):
     args = dict(dict(num_gpus=1, batch_size=256, lr=0.2, verbose=False), **kwargs)
