@@ -29,8 +29,12 @@ class Animator:
 
     def __init__(self, xlabel=None, ylabel=None, legend=None, xlim=None,
                  ylim=None, xscale='linear', yscale='linear',
-                 fmts=('-', 'm--', 'g-.', 'r:'), figsize=(3.5, 2.5),
+                 fmts=('-', 'm--', 'g-.', 'r:'), nrows=1, ncols=1, figsize=(3.5, 2.5),
                  title=None):
+        # nrows and ncols keep d2l's signature, so its positional calls still work here.
+        if (nrows, ncols) != (1, 1):
+            raise ValueError(f'Animator draws one plot; got nrows={nrows}, ncols={ncols}. '
+                             'Use one Animator per plot')
         # A bare Figure avoids pyplot's global state and its auto-display.
         from matplotlib.figure import Figure
         self.fig = Figure(figsize=figsize)

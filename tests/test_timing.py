@@ -69,3 +69,14 @@ def test_animator_refuses_more_lines_than_formats():
 def test_accumulator_bad_size(bad):
     with pytest.raises(ValueError, match='positive int n'):
         d2lpar.Accumulator(bad)
+
+
+def test_animator_keeps_d2l_signature():
+    import inspect
+    names = list(inspect.signature(d2lpar.Animator).parameters)
+    # d2l.Animator's parameters, in d2l's order (title is ours, last).
+    assert names[:10] == ['xlabel', 'ylabel', 'legend', 'xlim', 'ylim', 'xscale', 'yscale',
+                          'fmts', 'nrows', 'ncols']
+    assert names[10] == 'figsize'
+    with pytest.raises(ValueError, match='one plot'):
+        d2lpar.Animator(nrows=2)
