@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 __all__ = ['DistEnv', 'dist_env', 'expand_nodelist', 'torch_env_from_slurm',
-           'pick_backend', 'rank_device', 'default_timeout', 'emit_result']
+           'pick_backend', 'rank_device', 'default_timeout', 'emit_result', 'exit_now']
 
 BACKENDS = ('gloo', 'nccl', 'mpi')
 DEFAULT_MASTER_PORT = 29500
@@ -125,7 +125,7 @@ def torch_env_from_slurm(environ=None, port=DEFAULT_MASTER_PORT):
     Empty when the process was not started by `srun`, or when `RANK` is already
     set (torchrun started inside a SLURM job). MASTER_ADDR is the first host of
     SLURM_NODELIST unless already set; MASTER_PORT is `port` unless already set.
-    Use it as `os.environ.update(d2lpar.torch_env_from_slurm())` before
+    Use it as `os.environ.update(d2lpar.distributed.torch_env_from_slurm())` before
     `init_process_group(init_method='env://')`.
     """
     environ = os.environ if environ is None else environ
@@ -258,3 +258,19 @@ def emit_result(obj=None, **fields):
         f.write(text)
     os.replace(tmp, os.path.join(directory, name))
     return record
+
+
+def exit_now(code=0):
+    """End this process at once, skipping the interpreter's teardown; call it last.
+
+    With torch 2.14 a DDP model keeps its gloo process group alive after
+    `destroy_process_group()`: its worker threads may still be releasing the
+    tensors of a collective while Python shuts down, and the process then
+    aborts with "terminate called without an active exception" (SIGABRT, as in
+    pytorch/pytorch#190489), which torchrun and mp.spawn report as a failed
+    rank. Once the script's results are written, leaving without that teardown
+    is safe.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -5,7 +5,7 @@
     result.returncode, result.ok, result.timed_out, result.port, result.commands
     result.output[0]          # lines rank 0 printed (its stdout and stderr)
     result.output['torchrun'] # what torchrun itself printed
-    result.results            # JSON objects the ranks passed to d2lpar.emit_result
+    result.results            # JSON objects the ranks passed to d2lpar.distributed.emit_result
     result.by_rank('loss')    # {rank: 'loss' of that rank's last result}
     result.check()            # raise RuntimeError showing the output if it failed
 
@@ -16,8 +16,8 @@ shim that sends its stdout and stderr to a file of its own; the launcher tails
 those files and prints every line prefixed by its rank from the calling thread,
 which is what reaches a notebook cell (also under nbval, where output written
 to file descriptors by children is lost). Ranks hand results back through
-`d2lpar.emit_result`, which writes JSON files into a directory the launcher
-names in D2LPAR_RESULT_DIR. D2LPAR_DIST_TIMEOUT tells `d2lpar.default_timeout`
+`d2lpar.distributed.emit_result`, which writes JSON files into a directory the launcher
+names in D2LPAR_RESULT_DIR. D2LPAR_DIST_TIMEOUT tells `d2lpar.distributed.default_timeout`
 to keep init_process_group's own timeout below the launch's.
 
 Every process of a launch carries D2LPAR_LAUNCH_ID in its environment. When a
@@ -57,9 +57,10 @@ MARKER = 'D2LPAR_LAUNCH_ID'
 # Runs in every rank: send this process's output to a file of its own, then run the script
 # as `python script args` would (legacy `--local-rank=N` goes right after the script name).
 # Once the script and its atexit handlers are done, the rank ends with os._exit: with
-# torch 2.14, DDP keeps its gloo process group alive after destroy_process_group, and
-# tearing it down in C++ at interpreter exit sometimes aborts the rank ("terminate called
-# without an active exception", a few percent of short torchrun runs on a busy machine).
+# torch 2.14, DDP keeps its gloo process group alive after destroy_process_group, and a gloo
+# thread still releasing a collective's tensors while Python shuts down aborts the rank
+# ("terminate called without an active exception": about one short DDP run in ten on a busy
+# 2-core machine). Processes a rank starts itself (mp.spawn) need d2lpar.distributed.exit_now.
 _RANK_SHIM = r'''
 import atexit, os, runpy, sys
 argv = sys.argv[1:]
@@ -331,6 +332,11 @@ def end_processes(procs, grace=3.0):
 
     Returns the processes still alive afterwards (normally an empty list).
     """
+    procs = list(procs)
+    odd = [p for p in procs if not isinstance(p, ProcInfo)]
+    if odd:
+        raise TypeError(f'end_processes: pass the processes d2lpar.launched_processes() returns, '
+                        f'not {odd[0]!r} (to end one pid yourself: os.kill(pid, signal.SIGTERM))')
     procs = [p for p in procs if p.pid != os.getpid()]
     if not procs or os.name != 'posix':
         return procs

@@ -22,7 +22,9 @@ def nothing_left_behind():
 
 
 def test_every_script_opens_with_the_command_that_runs_it():
-    for name in STEPS + ['ddp_anatomy.py', 'hello_dist.py', 'ddp_multinode.sbatch']:
+    for name in STEPS + ['ddp_anatomy.py', 'hello_dist.py', 'ddp_multinode.sbatch',
+                         'collectives_p2p.py', 'collectives_check.py', 'collectives_timing.py',
+                         'collectives_miniddp.py']:
         path = SCRIPTS / name
         text = path.read_text().replace('\\\n', ' ')  # join continued lines
         run = [line for line in text.splitlines()[:4] if re.match(r'(# )?Run:  ', line)]

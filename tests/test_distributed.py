@@ -1,6 +1,8 @@
 """d2lpar.distributed: ranks from torchrun's or SLURM's variables, backends, results."""
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -142,3 +144,13 @@ def test_emit_result_writes_json_files_or_prints_a_summary(tmp_path, monkeypatch
     with pytest.raises(TypeError, match='emit_result cannot store a object'):
         emit_result(thing=object())
     assert [f.name for f in tmp_path.iterdir()] == [files[0].name]  # nothing half-written
+
+
+def test_exit_now_flushes_and_skips_the_teardown():
+    # an atexit handler shows whether the interpreter's teardown ran
+    code = ('import atexit, sys\nfrom d2lpar.distributed import exit_now\n'
+            'atexit.register(lambda: print("teardown ran"))\n'
+            'print("results", end=""); sys.stderr.write("warning")\nexit_now(3)\n')
+    done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                          timeout=120)
+    assert (done.returncode, done.stdout, done.stderr) == (3, 'results', 'warning')

@@ -290,3 +290,9 @@ def test_a_port_in_use_fails_fast_and_a_taken_free_port_is_retried(monkeypatch):
         result = launch(PROBE, nproc=1, args=['--mode', 'quick'], timeout=120, echo=False)
         assert result.ok and result.port != taken
         assert result.output[0][0].startswith('hello from rank 0')
+
+
+def test_end_processes_wants_what_launched_processes_returns():
+    assert end_processes([]) == []
+    with pytest.raises(TypeError, match='pass the processes d2lpar.launched_processes'):
+        end_processes([os.getpid()])

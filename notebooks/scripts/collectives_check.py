@@ -1,6 +1,6 @@
 """Check every hand-written collective of d2lpar.collectives against torch.distributed's own.
 
-Run:  torchrun --nproc-per-node=3 collectives_check.py
+Run:  torchrun --standalone --nproc-per-node=3 scripts/collectives_check.py
 Each rank compares, for several sizes and dtypes, its result with the built-in
 collective's and hands back the largest difference; any mismatch fails the run.
 """

@@ -1,6 +1,7 @@
 """Train with DDP and with the hand-written d2lpar MiniDDP in the same processes.
 
-Run:  torchrun --nproc-per-node=2 collectives_miniddp.py --check-steps 5 --time-steps 10
+Run:  torchrun --standalone --nproc-per-node=2 scripts/collectives_miniddp.py \
+          --check-steps 5 --time-steps 10
 
 --check-steps K: train K steps with DDP and with MiniDDP for each bucket size
 from the same start on the same data, and assert that the parameters agree.
@@ -19,7 +20,7 @@ from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import d2lpar
-from d2lpar.distributed import (default_timeout, dist_env, emit_result, pick_backend,
+from d2lpar.distributed import (default_timeout, dist_env, emit_result, exit_now, pick_backend,
                                 rank_device)
 from d2lpar.miniddp import MiniDDP
 
@@ -139,6 +140,7 @@ def main():
         report['step_seconds'] = best
     emit_result(report)
     dist.destroy_process_group()
+    exit_now()  # DDP keeps gloo's threads alive, and Python's own teardown can abort on them
 
 
 if __name__ == '__main__':

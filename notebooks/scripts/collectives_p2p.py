@@ -1,6 +1,6 @@
 """Point-to-point messages: blocking send/recv, a deadlock, and isend/irecv around a ring.
 
-Run:  torchrun --nproc-per-node=3 collectives_p2p.py
+Run:  torchrun --standalone --nproc-per-node=3 scripts/collectives_p2p.py
 """
 import datetime
 import time

@@ -1,6 +1,7 @@
 """Time the naive, ring and built-in allreduce over a range of message sizes.
 
-Run:  torchrun --nproc-per-node=4 collectives_timing.py --sizes 4096 1048576 --repeats 5
+Run:  torchrun --standalone --nproc-per-node=4 scripts/collectives_timing.py \
+          --sizes 4096 1048576 --repeats 5
 Rank 0 hands back one record per (method, size): the best of `repeats`
 measurements, each the slowest rank's time (see d2lpar.collectives.allreduce_timings).
 """

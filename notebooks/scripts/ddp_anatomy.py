@@ -2,13 +2,16 @@
 
 Run:  torchrun --standalone --nproc-per-node=2 scripts/ddp_anatomy.py
 """
+import os
+
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
-from d2lpar.distributed import default_timeout, dist_env, emit_result, pick_backend, rank_device
+from d2lpar.distributed import (default_timeout, dist_env, emit_result, exit_now, pick_backend,
+                                rank_device)
 
 
 def sampler_shards(size=11):
@@ -61,6 +64,22 @@ def unused_parameters(device, find_unused_parameters):
     return None
 
 
+def gloo_threads():
+    """Return the names of this process's gloo threads (None where there is no /proc)."""
+    try:
+        tasks = os.listdir('/proc/self/task')
+    except OSError:
+        return None
+    names = []
+    for task in tasks:
+        try:
+            with open(f'/proc/self/task/{task}/comm') as f:
+                names.append(f.read().strip())
+        except OSError:  # the thread ended meanwhile
+            pass
+    return sorted(name for name in names if 'gloo' in name)
+
+
 def main():
     env = dist_env()
     backend = pick_backend(env.local_world_size)
@@ -76,12 +95,15 @@ def main():
     except ValueError as e:
         syncbn = {'error': str(e)}
     errors = {find: unused_parameters(device, find) for find in (False, True)}
-    print(f'rank {env.rank} of {env.world_size}: shard of 11 items {sampler_shards()["padded"]}, '
+    shards = sampler_shards()
+    print(f'rank {env.rank} of {env.world_size}: shard of 11 items {shards["padded"]}, '
           f'local batch of {X.shape[0]} rows', flush=True)
-    emit_result(rank=env.rank, backend=backend, shards=sampler_shards(), X=X, Y=Y, mean=mean,
-                var=var, converted=[type(m).__name__ for m in net], syncbn=syncbn,
-                unused_error=errors[False], unused_error_with_find=errors[True])
     dist.destroy_process_group()
+    emit_result(rank=env.rank, backend=backend, shards=shards, X=X, Y=Y, mean=mean,
+                var=var, converted=[type(m).__name__ for m in net], syncbn=syncbn,
+                unused_error=errors[False], unused_error_with_find=errors[True],
+                gloo_threads_after_destroy=gloo_threads())
+    exit_now()  # DDP keeps gloo's threads alive, and Python's own teardown can abort on them
 
 
 if __name__ == '__main__':

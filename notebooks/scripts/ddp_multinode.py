@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import common
-from d2lpar.distributed import (dist_env, emit_result, pick_backend, rank_device,
+from d2lpar.distributed import (dist_env, emit_result, exit_now, pick_backend, rank_device,
                                 torch_env_from_slurm)
 
 
@@ -67,8 +67,8 @@ def main():
                 replica_gap=max((r - final).abs().max().item() for r in replicas),
                 local_rank=env.local_rank, source=env.source, host=socket.gethostname(),
                 master_addr=env.master_addr)
-    del net, optimizer  # free DDP's hold on the group now, not during interpreter exit
     dist.destroy_process_group()
+    exit_now()  # DDP keeps gloo's threads alive, and Python's own teardown can abort on them
 
 
 if __name__ == '__main__':

@@ -11,7 +11,7 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import common
-from d2lpar.distributed import emit_result, pick_backend, rank_device
+from d2lpar.distributed import emit_result, exit_now, pick_backend, rank_device
 
 
 def worker(rank, world_size, args):
@@ -56,8 +56,8 @@ def worker(rank, world_size, args):
     emit_result(rank=rank, world_size=world_size, init=init, synced=synced, final=final,
                 losses=losses, shard=list(sampler), backend=backend,
                 replica_gap=max((r - final).abs().max().item() for r in replicas))
-    del net, optimizer  # free DDP's hold on the group now, not during interpreter exit
     dist.destroy_process_group()
+    exit_now()  # DDP keeps gloo's threads alive, and Python's own teardown can abort on them
 
 
 if __name__ == '__main__':
