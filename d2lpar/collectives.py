@@ -234,8 +234,12 @@ def allreduce_cost(algorithm, n, size, bandwidth, latency=0.0):
     """
     if algorithm not in ('naive', 'ring'):
         raise ValueError(f"allreduce_cost: algorithm must be 'naive' or 'ring', got {algorithm!r}")
-    if not isinstance(n, int) or n < 1 or size < 0 or bandwidth <= 0 or latency < 0:
-        raise ValueError('allreduce_cost: need an int n >= 1, size >= 0, bandwidth > 0, '
+    numbers = (size, bandwidth, latency)
+    if (not isinstance(n, int) or isinstance(n, bool) or n < 1
+            or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in numbers)
+            or size < 0 or bandwidth <= 0 or latency < 0):
+        raise ValueError('allreduce_cost: need an int n >= 1 and numbers size >= 0 (bytes), '
+                         'bandwidth > 0 (bytes/s), '
                          f'latency >= 0; got n={n!r}, size={size!r}, bandwidth={bandwidth!r}, '
                          f'latency={latency!r}')
     if n == 1:

@@ -201,6 +201,8 @@ def pick_backend(local_world_size=1, override=None):
 
 def rank_device(backend, local_rank=0):
     """Return the device a rank computes on: its own GPU with nccl, else the CPU."""
+    if backend not in BACKENDS:
+        raise ValueError(f'rank_device: unknown backend {backend!r}; choose one of {BACKENDS}')
     if backend == 'nccl':
         device = torch.device('cuda', local_rank)
         torch.cuda.set_device(device)

@@ -163,5 +163,9 @@ def test_cost_model_by_hand():
     assert C.bandwidths(100, 2.0, 4) == (50.0, 75.0)
     with pytest.raises(ValueError, match="'naive' or 'ring'"):
         C.allreduce_cost('tree', 4, MB, 1.0)
+    with pytest.raises(ValueError, match="size='1MB'"):
+        C.allreduce_cost('ring', 4, '1MB', 1.0)
+    with pytest.raises(ValueError, match='n=True'):
+        C.allreduce_cost('ring', True, MB, 1.0)
     with pytest.raises(ValueError, match='seconds > 0'):
         C.bandwidths(100, 0.0, 4)

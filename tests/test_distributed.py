@@ -122,6 +122,8 @@ def test_pick_backend(monkeypatch):
 
 def test_rank_device_and_timeout(monkeypatch):
     assert rank_device('gloo', 3) == torch.device('cpu')
+    with pytest.raises(ValueError, match="unknown backend 'bogus'"):
+        rank_device('bogus')
     monkeypatch.setenv('D2LPAR_DIST_TIMEOUT', '7.5')
     assert default_timeout().total_seconds() == 7.5
     assert default_timeout(3).total_seconds() == 3
