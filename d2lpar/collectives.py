@@ -14,6 +14,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from ._checks import positive_int
+
 __all__ = ['broadcast', 'reduce', 'all_gather', 'reduce_scatter', 'naive_allreduce',
            'ring_allreduce', 'allreduce_cost', 'bandwidths', 'allreduce_timings']
 
@@ -266,8 +268,7 @@ def allreduce_timings(sizes, repeats=5, min_bytes=1 << 22, max_iters=50):
     `repeats` is kept. Returns a list of dicts (method, bytes, seconds).
     """
     _setup('allreduce_timings')
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f'allreduce_timings: repeats must be a positive int, got {repeats!r}')
+    positive_int(repeats, 'allreduce_timings: repeats')
     methods = {'naive': naive_allreduce, 'ring': ring_allreduce, 'built-in': dist.all_reduce}
     results = []
     for size in sizes:

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
+from ._checks import positive_int
 from .devices import env_flag
 
 __all__ = ['load_data_fashion_mnist', 'prepare_fashion_mnist', 'get_fashion_mnist_labels', 'TensorLoader',
@@ -295,11 +296,6 @@ def _warn_standin(reason):
 
 # ------------------------------------------------------------------ loading
 
-def _check_batch_size(batch_size):
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise ValueError(f'batch_size must be a positive int, got {batch_size!r}')
-
-
 class TensorLoader:
     """Iterate over minibatches of in-memory tensors (a light DataLoader).
 
@@ -308,7 +304,7 @@ class TensorLoader:
     """
 
     def __init__(self, X, y, batch_size, shuffle=False, resize=None):
-        _check_batch_size(batch_size)
+        positive_int(batch_size, 'batch_size')
         if len(X) != len(y):
             raise ValueError(f'X has {len(X)} rows but y has {len(y)}')
         self.X, self.y = X, y
@@ -378,7 +374,7 @@ def load_data_fashion_mnist(batch_size, resize=None, root=None):
 
     See `prepare_fashion_mnist` for where the data comes from.
     """
-    _check_batch_size(batch_size)
+    positive_int(batch_size, 'batch_size')
     raw = prepare_fashion_mnist(root)
     train, test = _read(raw, True), _read(raw, False)
     return (TensorLoader(*train, batch_size, shuffle=True, resize=resize),

@@ -15,6 +15,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from .devices import device_slots
+from .parallel import _memory
 from .visibility import visible_gpus
 
 __all__ = ['Verdict', 'check_pick_device', 'check_visible_count', 'check_load_checkpoint',
@@ -554,16 +555,12 @@ def _slot_tensors(rng, generator, k, shape, dtype):
     return [v.to(d) for v, d in zip(values, slots)]
 
 
-def _storage(t):
-    return (t.device, t.untyped_storage().data_ptr())
-
-
 class _WriteRecorder(TorchFunctionMode):
     """Record how many elements each in-place write into the given tensors' memory covers."""
 
     def __init__(self, tensors):
         super().__init__()
-        self.storages = {_storage(t) for t in tensors if t.numel()}
+        self.storages = {_memory(t) for t in tensors if t.numel()}
         self.sizes = []
 
     def __enter__(self):
@@ -574,7 +571,7 @@ class _WriteRecorder(TorchFunctionMode):
         result = func(*args, **(kwargs or {}))
         target = args[0] if args else None
         if isinstance(target, torch.Tensor) and target.numel() and \
-                _storage(target) in self.storages:
+                _memory(target) in self.storages:
             name = getattr(func, '__name__', '')
             if name == '__setitem__':
                 self.sizes.append(target[args[1]].numel())
@@ -607,7 +604,7 @@ def check_ring_allreduce(ring_allreduce, rng):
             _call(ring_allreduce, (data,), f'ring_allreduce on {case}', first=n == 0)
         if len(data) != k:
             raise _Fail(f'{case}: data now holds {len(data)} tensors; keep one per slot.')
-        if len({_storage(t) for t in data if t.numel()}) < sum(1 for t in data if t.numel()):
+        if len({_memory(t) for t in data if t.numel()}) < sum(1 for t in data if t.numel()):
             raise _Fail(f'{case}: after your allreduce some entries of data share memory (the '
                         'same tensor on several slots). Hint: the replicas alias: the next '
                         'update of one changes all, and each slot no longer has its own copy. '

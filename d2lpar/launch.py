@@ -48,6 +48,8 @@ from collections import namedtuple
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ._checks import positive_int
+
 __all__ = ['LaunchResult', 'launch', 'free_port', 'port_is_free', 'launched_processes',
            'end_processes', 'loopback_interface']
 
@@ -363,12 +365,6 @@ def _check_script(script):
     return path
 
 
-def _check_count(value, name):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f'{name} must be a positive int, got {value!r}')
-    return value
-
-
 def _check_args(args):
     if isinstance(args, (str, bytes)):
         raise TypeError(f'args must be a list of strings, not one string {args!r}: '
@@ -624,7 +620,7 @@ def launch(script, nproc=2, args=(), timeout=120, env=None, echo=True, *, nnodes
     interrupt is re-raised afterwards.
     """
     script = _check_script(script)
-    nproc, nnodes = _check_count(nproc, 'nproc'), _check_count(nnodes, 'nnodes')
+    nproc, nnodes = positive_int(nproc, 'nproc'), positive_int(nnodes, 'nnodes')
     args, env = _check_args(args), _check_env(env)
     timeout, grace = _check_seconds(timeout, 'timeout'), _check_seconds(grace, 'grace')
     if launcher not in LAUNCHERS:

@@ -71,6 +71,11 @@ def split_batch(X, y, devices):
     return scatter(X, devices), scatter(y, devices)
 
 
+def _memory(t):
+    """Return what identifies the memory a tensor lives in: its device and storage."""
+    return (t.device, t.untyped_storage().data_ptr())
+
+
 def allreduce(data):
     """Sum the tensors in `data` in place, so that every one holds the total.
 
@@ -91,7 +96,7 @@ def allreduce(data):
                              f'{data[0].dtype}; every entry must match')
     seen = {}
     for i, t in enumerate(data):
-        key = (t.device, t.untyped_storage().data_ptr())
+        key = _memory(t)
         if t.numel() and key in seen:
             raise ValueError(f'allreduce: data[{seen[key]}] and data[{i}] share memory, so '
                              'the sum would count it twice; replicas must be independent '

@@ -12,17 +12,13 @@ import time
 import torch
 from torch import nn
 
+from ._checks import positive_int
 from .dataparallel import _device_context
 from .devices import synchronize
 from .parallel import _check_devices
 
 __all__ = ['ModelParallel', 'gpipe_step', 'pipeline_schedule', 'bubble_fraction',
            'idle_fraction', 'schedule_problems', 'plot_schedule', 'memory_footprint']
-
-
-def _positive_int(value, name, caller):
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f'{caller}: {name} must be a positive int, got {value!r}')
 
 
 class ModelParallel(nn.Module):
@@ -72,7 +68,7 @@ class _Abort(Exception):
 
 
 def _micro_batches(X, y, chunks):
-    _positive_int(chunks, 'chunks', 'gpipe_step')
+    positive_int(chunks, 'gpipe_step: chunks')
     if not isinstance(X, torch.Tensor) or not isinstance(y, torch.Tensor):
         raise TypeError('gpipe_step: X and y must be tensors')
     if X.dim() == 0 or y.dim() == 0 or len(X) != len(y):
@@ -182,7 +178,7 @@ def pipeline_schedule(num_stages, num_microbatches, t_forward=1, t_backward=1):
     """
     for value, name in [(num_stages, 'num_stages'), (num_microbatches, 'num_microbatches'),
                         (t_forward, 't_forward'), (t_backward, 't_backward')]:
-        _positive_int(value, name, 'pipeline_schedule')
+        positive_int(value, f'pipeline_schedule: {name}')
     p, m = num_stages, num_microbatches
     programs = [[(i, j, 'F') for j in range(m)] + [(i, j, 'B') for j in reversed(range(m))]
                 for i in range(p)]
@@ -208,8 +204,8 @@ def pipeline_schedule(num_stages, num_microbatches, t_forward=1, t_backward=1):
 
 def bubble_fraction(num_stages, num_microbatches):
     """Return the idle share of a GPipe schedule, (p-1)/(m+p-1)."""
-    _positive_int(num_stages, 'num_stages', 'bubble_fraction')
-    _positive_int(num_microbatches, 'num_microbatches', 'bubble_fraction')
+    positive_int(num_stages, 'bubble_fraction: num_stages')
+    positive_int(num_microbatches, 'bubble_fraction: num_microbatches')
     return (num_stages - 1) / (num_microbatches + num_stages - 1)
 
 
@@ -217,7 +213,7 @@ def idle_fraction(events, num_stages):
     """Return the share of stage time spent idle between the first start and the last end."""
     if not events:
         raise ValueError('idle_fraction: no events')
-    _positive_int(num_stages, 'num_stages', 'idle_fraction')
+    positive_int(num_stages, 'idle_fraction: num_stages')
     span = max(e[4] for e in events) - min(e[3] for e in events)
     if span <= 0:
         raise ValueError('idle_fraction: the events span no time (every end equals the first start)')

@@ -5,7 +5,8 @@ import math
 import torch
 from torch.nn import functional as F
 
-from .data import _check_batch_size, load_data_fashion_mnist
+from ._checks import positive_int
+from .data import load_data_fashion_mnist
 from .devices import device_slots
 from .models import evaluate_accuracy_gpu, init_lenet_params, lenet
 from .parallel import allreduce, get_params, split_batch
@@ -107,11 +108,10 @@ def train(num_gpus, batch_size, lr, num_epochs=10, max_batches=None, params=None
     """
     for name, value in (('num_gpus', num_gpus), ('num_epochs', num_epochs),
                         ('max_batches', 1 if max_batches is None else max_batches)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f'train: {name} must be a positive int, got {value!r}'
-                             + (' (or None for whole epochs)' if name == 'max_batches' else ''))
+        positive_int(value, f'train: {name}',
+                     ' (or None for whole epochs)' if name == 'max_batches' else '')
     _check_lr(lr, 'train')
-    _check_batch_size(batch_size)
+    positive_int(batch_size, 'batch_size')
     train_iter, test_iter = _load(data, batch_size)
     examples = getattr(train_iter, 'X', getattr(train_iter, 'dataset', None))
     if examples is not None:  # other loaders still get scatter's error at the first bad batch
