@@ -1,4 +1,5 @@
 """Argument checks shared by the modules, so every caller words an error the same way."""
+import functools
 
 
 def positive_int(value, name, hint=''):
@@ -6,3 +7,24 @@ def positive_int(value, name, hint=''):
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f'{name} must be a positive int, got {value!r}{hint}')
     return value
+
+
+def checked(check):
+    """Run `check` on a function's arguments before the function itself.
+
+    Keeps argument validation out of the algorithm, so that a function of the
+    package reads exactly as the notebook cell that teaches it (d2l's `#@save`
+    convention, compared by tests/test_saved_cells.py, which ignores this
+    decorator). `check` takes the same arguments and raises a TypeError or
+    ValueError that names what was wrong; if it returns a pair (args, kwargs),
+    the function is called with those instead (e.g. devices made torch.device).
+    """
+    def decorate(fn):
+        @functools.wraps(fn)
+        def run_checked(*args, **kwargs):
+            normalized = check(*args, **kwargs)
+            if normalized is not None:
+                args, kwargs = normalized
+            return fn(*args, **kwargs)
+        return run_checked
+    return decorate
