@@ -271,8 +271,15 @@ def exit_now(code=0):
     aborts with "terminate called without an active exception" (SIGABRT, as in
     pytorch/pytorch#190489), which torchrun and mp.spawn report as a failed
     rank. Once the script's results are written, leaving without that teardown
-    is safe.
+    is safe. What C code printed (NCCL_DEBUG=INFO) is flushed too: into a file or
+    a pipe, C stdio is fully buffered unless Python runs with -u, and os._exit
+    would drop it.
     """
     sys.stdout.flush()
     sys.stderr.flush()
+    try:
+        import ctypes
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):  # no C library to ask (an unusual platform)
+        pass
     os._exit(code)

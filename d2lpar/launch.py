@@ -5,6 +5,7 @@
     result.returncode, result.ok, result.timed_out, result.port, result.commands
     result.output[0]          # lines rank 0 printed (its stdout and stderr)
     result.output['torchrun'] # what torchrun itself printed
+    result.first_failure      # the rank that failed first (torchrun then stops the others)
     result.results            # JSON objects the ranks passed to d2lpar.distributed.emit_result
     result.by_rank('loss')    # {rank: 'loss' of that rank's last result}
     result.check()            # raise RuntimeError showing the output if it failed
@@ -63,8 +64,12 @@ MARKER = 'D2LPAR_LAUNCH_ID'
 # thread still releasing a collective's tensors while Python shuts down aborts the rank
 # ("terminate called without an active exception": about one short DDP run in ten on a busy
 # 2-core machine). Processes a rank starts itself (mp.spawn) need d2lpar.distributed.exit_now.
+# Before leaving, C stdio is flushed too: into a file it is fully buffered, and os._exit would
+# drop what C code (NCCL_DEBUG=INFO) printed. When one rank fails, torchrun stops the others
+# with SIGTERM, possibly before they report their own error: a stopped rank says so in its
+# output, and every rank that ends badly records how and when (LaunchResult.first_failure).
 _RANK_SHIM = r'''
-import atexit, os, runpy, sys
+import atexit, json, os, runpy, signal, sys, time
 argv = sys.argv[1:]
 legacy = []
 while argv and argv[0].startswith(('--local-rank=', '--local_rank=')):
@@ -74,10 +79,40 @@ fd = os.open(os.path.join(os.environ['D2LPAR_LOG_DIR'], name + '.log'),
              os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
 sys.stdout.flush(); sys.stderr.flush()
 os.dup2(fd, 1); os.dup2(fd, 2); os.close(fd)
-del fd, name
 sys.argv = [argv[0]] + legacy + argv[1:]
 sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
-del argv, legacy
+del argv, legacy, fd
+
+
+def flush_all():
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    try:  # C libraries (NCCL's INFO lines) print through C stdio, fully buffered into a file
+        import ctypes
+        ctypes.CDLL(None).fflush(None)
+    except Exception:
+        pass
+
+
+def record_exit(how, code):  # how this rank ended, and when: LaunchResult.exits
+    path = os.path.join(os.environ['D2LPAR_EXIT_DIR'], name + '.json')
+    try:
+        with open(path + '.part', 'w') as f:
+            json.dump({'how': how, 'code': code, 'time': time.time()}, f)
+        os.replace(path + '.part', path)
+    except OSError:
+        pass
+
+
+def stopped(signum, frame):  # torchrun stops the other ranks with SIGTERM once one fails
+    os.write(2, b'[stopped by SIGTERM: torchrun ends every rank once one has failed, '
+                b'or the launch was ended]\n')
+    record_exit('stopped', 128 + signum)
+    flush_all()
+    os._exit(128 + signum)
 
 
 def show_from_script(kind, value, tb):  # a traceback starts at the script, not in this shim
@@ -92,22 +127,27 @@ exit_code = [0]
 
 
 def skip_cpp_teardown():  # registered first, so it runs after every other atexit handler
-    sys.stdout.flush()
-    sys.stderr.flush()
+    flush_all()
     os._exit(exit_code[0])
 
 
 atexit.register(skip_cpp_teardown)
+if 'RANK' in os.environ:
+    signal.signal(signal.SIGTERM, stopped)
 try:
     runpy.run_path(sys.argv[0], run_name='__main__')
 except SystemExit as e:
     exit_code[0] = e.code if isinstance(e.code, int) else int(e.code is not None)
+    if exit_code[0]:
+        record_exit('error', exit_code[0])
     raise
 except KeyboardInterrupt:
     exit_code[0] = 130
+    record_exit('interrupted', 130)
     raise
 except BaseException:
     exit_code[0] = 1
+    record_exit('error', 1)
     raise
 '''
 
@@ -135,6 +175,19 @@ class LaunchResult:
     commands: list = field(default_factory=list)  # what each started process runs, as a shell line
     elapsed: float = 0.0
     launch_id: str = ''
+    exits: dict = field(default_factory=dict)  # {rank: {'how': 'error'|'stopped'|..., 'code', 'time'}}
+
+    @property
+    def first_failure(self):
+        """Return the rank that failed first (None if none did).
+
+        When one rank fails, torchrun stops the others, which may then never
+        report their own error: look for the cause in this rank's output.
+        """
+        errors = [(e['time'], rank) for rank, e in self.exits.items() if e['how'] == 'error']
+        if errors:
+            return min(errors)[1]
+        return _root_cause_rank(self.output.get('torchrun', []))
 
     @property
     def ok(self):
@@ -157,11 +210,25 @@ class LaunchResult:
         """Raise RuntimeError with the output if the launch failed; return self otherwise."""
         if not self.ok:
             why = 'timed out' if self.timed_out else f'exited with status {self.returncode}'
+            first = self.first_failure
+            if first is not None:
+                why += f' (rank {first} failed first)'
             tail = '\n'.join(f'[{_label(name)}] {line}' for name in _stream_order(self.output)
                              for line in self.output[name][-15:])
             raise RuntimeError(f'launch {why}: {self.commands[0]}\n(last lines of each '
                                f'stream)\n{tail}')
         return self
+
+
+def _root_cause_rank(lines):
+    """Return the rank torchrun names as 'Root Cause (first observed failure)', or None."""
+    after = False
+    for line in lines:
+        after = after or 'Root Cause' in line
+        words = line.split()
+        if after and len(words) >= 3 and words[0] == 'rank' and words[1] == ':':
+            return int(words[2]) if words[2].isdigit() else None
+    return None
 
 
 def _label(name):
@@ -529,6 +596,18 @@ def _collect_results(result_dir):
     return [record for _, record in sorted(records, key=lambda item: item[0])]
 
 
+def _collect_exits(exit_dir):
+    exits = {}
+    if os.path.isdir(exit_dir):
+        for entry in os.listdir(exit_dir):
+            if entry.endswith('.json'):
+                stem = entry[:-5]
+                name = int(stem[4:]) if stem.startswith('rank') and stem[4:].isdigit() else stem
+                with open(os.path.join(exit_dir, entry)) as f:
+                    exits[name] = json.load(f)
+    return exits
+
+
 def _launch_once(script, nproc, nnodes, args, timeout, env, echo, launcher, port, grace):
     work = tempfile.mkdtemp(prefix='d2lpar-launch-')
     suffix = os.path.basename(work)[len('d2lpar-launch-'):]
@@ -539,8 +618,9 @@ def _launch_once(script, nproc, nnodes, args, timeout, env, echo, launcher, port
     timed_out = False
     try:
         log_dir, result_dir = os.path.join(work, 'logs'), os.path.join(work, 'results')
-        os.mkdir(log_dir)
-        os.mkdir(result_dir)
+        exit_dir = os.path.join(work, 'exits')
+        for directory in (log_dir, result_dir, exit_dir):
+            os.mkdir(directory)
         os.mkdir(os.path.join(work, 'shim'))
         with open(os.path.join(work, 'shim', script.name), 'w') as f:
             f.write(_RANK_SHIM)
@@ -548,6 +628,7 @@ def _launch_once(script, nproc, nnodes, args, timeout, env, echo, launcher, port
         child_env = dict(os.environ)
         child_env.update({'OMP_NUM_THREADS': '1', MARKER: launch_id,
                           'D2LPAR_LOG_DIR': log_dir, 'D2LPAR_RESULT_DIR': result_dir,
+                          'D2LPAR_EXIT_DIR': exit_dir,
                           'D2LPAR_DIST_TIMEOUT': f'{max(1.0, 0.75 * timeout):g}',
                           'TORCH_ELASTIC_SHUTDOWN_TIMEOUT': str(max(1, int(grace / 2)))})
         if launcher == 'python':
@@ -588,13 +669,14 @@ def _launch_once(script, nproc, nnodes, args, timeout, env, echo, launcher, port
                 streams.pump(final=True)
             results = (_collect_results(os.path.join(work, 'results'))
                        if os.path.isdir(os.path.join(work, 'results')) else [])
+            exits = _collect_exits(os.path.join(work, 'exits'))
         finally:
             shutil.rmtree(work, ignore_errors=True)
     codes = [agent.returncode for agent in agents]
     returncode = next((c for c in codes if c != 0), 0)
     return LaunchResult(returncode, streams.output, results, timed_out, port,
                         [_shell_line(argv, script, work) for _, argv in commands],
-                        time.monotonic() - start, launch_id)
+                        time.monotonic() - start, launch_id, exits)
 
 
 def _port_clash(result):

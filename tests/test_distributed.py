@@ -1,5 +1,6 @@
 """d2lpar.distributed: ranks from torchrun's or SLURM's variables, backends, results."""
 import json
+import os
 import re
 import subprocess
 import sys
@@ -156,3 +157,14 @@ def test_exit_now_flushes_and_skips_the_teardown():
     done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
                           timeout=120)
     assert (done.returncode, done.stdout, done.stderr) == (3, 'results', 'warning')
+
+
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='C stdio checked with glibc')
+def test_exit_now_keeps_what_c_code_printed():
+    # Without -u (as in mp.spawn's children) C stdout into a pipe is fully buffered.
+    code = ('import ctypes\nfrom d2lpar.distributed import exit_now\n'
+            'ctypes.CDLL(None).printf(b"NCCL INFO from C\\n")\nexit_now(0)\n')
+    env = {k: v for k, v in os.environ.items() if k != 'PYTHONUNBUFFERED'}
+    done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert (done.returncode, done.stdout) == (0, 'NCCL INFO from C\n')

@@ -51,6 +51,17 @@ def workers_of(prefix, count):
     return wait_for(enough)
 
 
+def rank_of(pid):
+    """Return the RANK a launched process runs as (None where /proc is missing)."""
+    try:
+        with open(f'/proc/{pid}/environ', 'rb') as f:
+            items = f.read().split(b'\0')
+    except OSError:
+        return None
+    env = dict(item.decode().split('=', 1) for item in items if b'=' in item)
+    return int(env['RANK'])
+
+
 def port_of(procs):
     for p in procs:
         for word in p.cmd.split():
@@ -133,6 +144,40 @@ def test_a_crashing_rank_stops_the_launch():
 
 
 @posix_only
+@pytest.mark.parametrize('crash_rank', [0, 1])
+def test_a_stopped_rank_keeps_its_output_and_the_first_failure_is_named(crash_rank):
+    other = 1 - crash_rank
+    result = launch(PROBE, nproc=2, args=['--mode', 'crash', '--crash-rank', crash_rank],
+                    timeout=120, echo=False)
+    assert result.first_failure == crash_rank
+    assert result.exits[crash_rank]['how'] == 'error' and result.exits[crash_rank]['code'] == 3
+    # torchrun stopped the other rank; what it printed before is kept, and it says why it ended
+    assert result.exits[other]['how'] == 'stopped'
+    assert result.output[other][0].startswith(f'hello from rank {other} pid ')
+    assert result.output[other][1] == 'waiting for the others'
+    assert result.output[other][-1].startswith('[stopped by SIGTERM')
+    with pytest.raises(RuntimeError, match=f'rank {crash_rank} failed first'):
+        result.check()
+
+
+@posix_only
+def test_what_c_code_printed_is_kept_even_when_the_rank_is_stopped():
+    result = launch(PROBE, nproc=2, args=['--mode', 'cprint'], timeout=120, echo=False)
+    assert not result.ok and result.first_failure == 1
+    for rank in (0, 1):
+        assert f'printed by C in rank {rank}' in result.output[rank]
+    assert result.exits[0]['how'] == 'stopped'
+
+
+def test_the_first_failure_falls_back_to_torchruns_root_cause():
+    lines = ['Failures:', '[1]:', '  rank      : 0 (local_rank: 0)',
+             'Root Cause (first observed failure):', '[0]:', '  rank      : 1 (local_rank: 1)']
+    result = LaunchResult(1, {'torchrun': lines}, [])
+    assert result.first_failure == 1
+    assert LaunchResult(0, {0: ['fine']}, []).first_failure is None
+
+
+@posix_only
 def test_a_rank_killed_from_outside_stops_the_launch():
     outcome = {}
     thread = threading.Thread(target=lambda: outcome.update(result=launch(
@@ -140,11 +185,14 @@ def test_a_rank_killed_from_outside_stops_the_launch():
     thread.start()
     procs = workers_of(f'{os.getpid()}-', 3)
     ranks = [p for p in procs if 'torch.distributed.run' not in p.cmd]
+    killed_rank = rank_of(ranks[0].pid)
     os.kill(ranks[0].pid, signal.SIGKILL)  # as the kernel's OOM killer would
     thread.join(timeout=60)
     result = outcome['result']
     assert result.returncode != 0 and not result.timed_out
     assert any('SIGKILL' in line for line in result.output['torchrun'])
+    if killed_rank is not None:  # no error of its own: torchrun's root cause names it
+        assert result.first_failure == killed_rank
     assert port_is_free(result.port)
 
 

@@ -10,8 +10,9 @@ import sys
 import time
 
 parser = argparse.ArgumentParser()
-parser.add_argument('--mode', choices=['ok', 'quick', 'crash', 'hang', 'stubborn', 'dist'],
-                    default='ok')
+parser.add_argument('--mode', choices=['ok', 'quick', 'crash', 'hang', 'stubborn', 'dist',
+                                       'cprint'], default='ok')
+parser.add_argument('--crash-rank', type=int, default=1, help="the rank that crashes in 'crash'")
 parser.add_argument('--local-rank', '--local_rank', type=int, default=None)
 args = parser.parse_args()
 rank = int(os.environ.get('RANK', 0))
@@ -21,9 +22,21 @@ if args.mode == 'ok':
     emit_result(pid=os.getpid(), argv=sys.argv[1:], local_rank_env=os.environ.get('LOCAL_RANK'),
                 world_size=int(os.environ.get('WORLD_SIZE', 1)))
 elif args.mode == 'crash':
-    if rank == 1:
+    if rank == args.crash_rank:
         time.sleep(0.5)
         print('rank about to crash', flush=True)
+        raise SystemExit(3)
+    print('waiting for the others', flush=True)
+    time.sleep(300)
+elif args.mode == 'cprint':  # C stdio into a file is fully buffered: only a flush shows this
+    import ctypes
+    libc = ctypes.CDLL(None)
+    if sys.platform.startswith('linux'):  # as without `python -u` (mp.spawn's children): buffered
+        c_buffer = ctypes.create_string_buffer(1 << 16)  # glibc keeps -u's 1-byte one otherwise
+        libc.setvbuf(ctypes.c_void_p.in_dll(libc, 'stdout'), c_buffer, 0, len(c_buffer))  # _IOFBF
+    libc.printf(f'printed by C in rank {rank}\n'.encode())
+    if rank == 1:
+        time.sleep(0.5)
         raise SystemExit(3)
     time.sleep(300)
 elif args.mode in ('hang', 'stubborn'):
