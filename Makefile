@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.d2lpar-installed
 
-.PHONY: lab test html bench info clean
+.PHONY: lab test html bench stress info clean
 
 # Jupyter refuses to run as root unless told to (containers often run as root).
 ROOT_FLAG := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root)
@@ -20,6 +20,9 @@ html: $(STAMP)  ## execute every notebook and render the course into build/html
 
 bench: $(STAMP)  ## speed comparisons, printed as ratios measured in one run
 	$(BIN)/python -m benchmarks
+
+stress: $(STAMP)  ## every notebook 5 times under CPU load: finds flaky cells (STRESS_FLAGS=--runs 2)
+	$(BIN)/python tests/stress.py $(STRESS_FLAGS)
 
 info: $(STAMP)  ## what this machine has: torch, CUDA, GPUs, backends
 	$(BIN)/python -m d2lpar info
