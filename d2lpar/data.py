@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import math
 import os
+import shutil
 import struct
 import sys
 import tempfile
@@ -32,6 +33,8 @@ FILES = {  # name: (IDX magic number, number of items)
     't10k-images-idx3-ubyte': (0x803, 10000),
     't10k-labels-idx1-ubyte': (0x801, 10000),
 }
+# Fashion-MNIST is balanced: 6,000 images of each class in train, 1,000 in test.
+PER_CLASS = {'train-labels-idx1-ubyte': 6000, 't10k-labels-idx1-ubyte': 1000}
 MANIFEST = 'SHA256SUMS'
 STANDIN_SEED = 20240601
 TEXT_LABELS = ('t-shirt', 'trouser', 'pullover', 'dress', 'coat',
@@ -96,12 +99,45 @@ def _files_problem(raw):
     return None
 
 
-def _sha256(path):
-    h = hashlib.sha256()
+def _real_problem(raw):
+    """Return why `raw` does not hold the real Fashion-MNIST, or None.
+
+    What can be checked offline: each file's header, shape and exact size, the
+    label counts (6,000 per class in train, 1,000 in test), and, where the
+    downloaded archives are still present, torchvision's recorded MD5 of each.
+    A garbage body of an image file that keeps the header passes: the images'
+    own checksums are not recorded anywhere offline.
+    """
+    problem = _files_problem(raw)
+    if problem:
+        return problem
+    for name, per_class in PER_CLASS.items():
+        labels = (raw / name).read_bytes()[8:]
+        counts = [labels.count(bytes([c])) for c in range(10)]
+        if sum(counts) != len(labels):
+            return f'{name} holds labels outside 0..9'
+        if counts != [per_class] * 10:
+            return (f'{name} has {counts} labels of classes 0..9; Fashion-MNIST has '
+                    f'{per_class} of each')
+    archives = [a for a in raw.glob('*.gz')]
+    if archives:
+        from torchvision.datasets import FashionMNIST
+        for archive, md5 in FashionMNIST.resources:
+            if (raw / archive).is_file() and _digest(raw / archive, 'md5') != md5:
+                return f'{archive} does not match the MD5 torchvision records for it ({md5})'
+    return None
+
+
+def _digest(path, algorithm='sha256'):
+    h = hashlib.new(algorithm)
     with open(path, 'rb') as f:
         for block in iter(lambda: f.read(1 << 20), b''):
             h.update(block)
     return h.hexdigest()
+
+
+def _sha256(path):
+    return _digest(path, 'sha256')
 
 
 def _atomic_write(path, payload):
@@ -117,6 +153,38 @@ def _atomic_write(path, payload):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def _remove_leftovers(directory):
+    """Delete what interrupted writers left in `directory`, unless one is writing now.
+
+    Writers hold the directory's lock, so a lock taken without waiting means
+    every `.*.tmp` file and `.download-*` folder there belongs to a writer
+    that was killed.
+    """
+    if not directory.is_dir():
+        return []
+    try:
+        import fcntl
+    except ImportError:
+        return []
+    removed = []
+    with open(directory / '.lock', 'w') as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # a writer is at work: its files are not leftovers
+            return []
+        try:
+            for path in [*directory.glob('**/.*.tmp'), *directory.glob('.download-*')]:
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    with contextlib.suppress(FileNotFoundError):
+                        path.unlink()
+                removed.append(path.name)
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+    return removed
 
 
 @contextlib.contextmanager
@@ -251,10 +319,10 @@ def _prepare_real(root):
     """Return the raw folder of the real data set, downloading it if needed."""
     import torchvision
     raw = root / 'FashionMNIST' / 'raw'
-    if _files_problem(raw) is None:
+    if _real_problem(raw) is None:
         return raw
     with _lock(root / 'FashionMNIST'):
-        problem = _files_problem(raw)
+        problem = _real_problem(raw)
         if problem is None:
             return raw
         if any((raw / n).exists() for n in FILES):
@@ -262,11 +330,11 @@ def _prepare_real(root):
                   file=sys.stderr)
         # Download into a scratch root and move each checked file into place, so
         # an interrupted download never leaves a half-written file behind.
-        with tempfile.TemporaryDirectory(dir=root, prefix='.download-') as scratch:
+        with tempfile.TemporaryDirectory(dir=root / 'FashionMNIST', prefix='.download-') as scratch:
             for train in (True, False):
                 torchvision.datasets.FashionMNIST(scratch, train=train, download=True)
             fresh = Path(scratch) / 'FashionMNIST' / 'raw'
-            problem = _files_problem(fresh)
+            problem = _real_problem(fresh)
             if problem:
                 raise RuntimeError(f'the downloaded Fashion-MNIST is not valid: {problem}')
             raw.mkdir(parents=True, exist_ok=True)
@@ -278,7 +346,7 @@ def _prepare_real(root):
 def fashion_mnist_source(root=None):
     """Describe which Fashion-MNIST the loader will use, without downloading."""
     root = Path(root) if root else data_root()
-    if _files_problem(root / 'FashionMNIST' / 'raw') is None:
+    if _real_problem(root / 'FashionMNIST' / 'raw') is None:
         return f'real Fashion-MNIST in {root}'
     if offline():
         return 'generated stand-in (D2LPAR_OFFLINE=1), not the real Fashion-MNIST'
@@ -355,8 +423,14 @@ def prepare_fashion_mnist(root=None):
     """
     root = Path(root) if root else data_root()
     root.mkdir(parents=True, exist_ok=True)
+    for folder in (root / 'FashionMNIST', root / 'standin' / 'FashionMNIST'):
+        removed = _remove_leftovers(folder)
+        if removed:
+            print(f'Removed what an interrupted write left in {folder}: {", ".join(removed)}',
+                  file=sys.stderr)
     real = root / 'FashionMNIST' / 'raw'
-    if _files_problem(real) is None:
+    damage = _real_problem(real) if any((real / n).exists() for n in FILES) else None
+    if damage is None and real.is_dir() and all((real / n).exists() for n in FILES):
         return real
     if offline():
         reason = 'D2LPAR_OFFLINE=1 is set (the test suite sets it)'
@@ -365,6 +439,8 @@ def prepare_fashion_mnist(root=None):
             return _prepare_real(root)
         except Exception as e:  # any failure to download means: fall back, loudly
             reason = f'the download failed ({type(e).__name__}: {str(e).splitlines()[0]})'
+    if damage:
+        reason += f'; the real data set in {real} is unusable: {damage}'
     _warn_standin(reason)
     return _prepare_standin(root)
 

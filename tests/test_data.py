@@ -88,11 +88,20 @@ def test_damaged_standin_is_regenerated(standin_root, tmp_path, capsys, damage):
     assert data._standin_problem(raw_of(root)) is None
 
 
-def test_real_files_are_preferred(standin_root, tmp_path, capsys):
-    real = tmp_path / 'FashionMNIST' / 'raw'
+def fake_real(standin_root, root):
+    """Put files that pass every offline check of the real data set under `root`."""
+    real = root / 'FashionMNIST' / 'raw'
     real.mkdir(parents=True)
     for name in data.FILES:
-        (real / name).write_bytes((raw_of(standin_root) / name).read_bytes())
+        payload = (raw_of(standin_root) / name).read_bytes()
+        if name in data.PER_CLASS:  # balanced labels, as the real data set has
+            payload = payload[:8] + bytes(i % 10 for i in range(len(payload) - 8))
+        (real / name).write_bytes(payload)
+    return real
+
+
+def test_real_files_are_preferred(standin_root, tmp_path, capsys):
+    fake_real(standin_root, tmp_path)
     train_iter, _ = d2lpar.load_data_fashion_mnist(256, root=tmp_path)
     assert 'STAND-IN' not in capsys.readouterr().err
     assert not (tmp_path / 'standin').exists()
@@ -198,3 +207,56 @@ def test_text_labels():
     for bad in ([-1], [10]):
         with pytest.raises(ValueError, match=r'labels are 0\.\.9'):
             d2lpar.get_fashion_mnist_labels(bad)
+
+
+@pytest.mark.parametrize('damage, why', [
+    ('labels', 'has [6001, 5999, 6000'),
+    ('range', 'holds labels outside 0..9'),
+    ('archive', 'does not match the MD5 torchvision records'),
+])
+def test_a_damaged_real_file_is_named_when_the_standin_is_used(standin_root, tmp_path, capsys,
+                                                               damage, why):
+    real = fake_real(standin_root, tmp_path)
+    labels = real / 'train-labels-idx1-ubyte'
+    body = bytearray(labels.read_bytes())
+    if damage == 'labels':  # header and size intact, the body not Fashion-MNIST's
+        body[9] = 0
+    elif damage == 'range':
+        body[9] = 200
+    else:
+        (real / 'train-labels-idx1-ubyte.gz').write_bytes(b'not the archive')
+    labels.write_bytes(bytes(body))
+    problem = data._real_problem(real)
+    assert problem is not None and why in problem
+    assert not d2lpar.fashion_mnist_source(tmp_path).startswith('real Fashion-MNIST in')
+    data.prepare_fashion_mnist(tmp_path)  # offline under the test suite: the stand-in
+    err = capsys.readouterr().err
+    assert 'STAND-IN' in err and f'unusable: {problem}' in err
+
+
+def test_what_an_interrupted_writer_left_is_removed(standin_root, tmp_path, capsys):
+    root = copy_root(standin_root, tmp_path)
+    leftover = raw_of(root) / '.train-images-idx3-ubyte.x1y2.tmp'
+    leftover.write_bytes(b'\0' * 1000)  # what a writer killed mid-write leaves
+    download = tmp_path / 'FashionMNIST' / '.download-abc'
+    (download / 'FashionMNIST' / 'raw').mkdir(parents=True)
+    data.prepare_fashion_mnist(tmp_path)
+    err = capsys.readouterr().err
+    assert not leftover.exists() and not download.exists()
+    assert 'Removed what an interrupted write left' in err and leftover.name in err
+    assert data._standin_problem(raw_of(root)) is None
+
+
+def test_leftovers_of_a_writer_at_work_are_kept(tmp_path):
+    import fcntl
+    folder = tmp_path / 'standin' / 'FashionMNIST'
+    (folder / 'raw').mkdir(parents=True)
+    busy = folder / 'raw' / '.t10k-images-idx3-ubyte.abc.tmp'
+    busy.write_bytes(b'half')
+    with open(folder / '.lock', 'w') as f:  # another process holds the lock: it is writing
+        fcntl.flock(f, fcntl.LOCK_EX)
+        code = ('import sys, pathlib, d2lpar.data as d; '
+                'print(d._remove_leftovers(pathlib.Path(sys.argv[1])))')
+        out = subprocess.run([sys.executable, '-c', code, str(folder)], capture_output=True,
+                             text=True, timeout=120).stdout
+    assert out.strip() == '[]' and busy.exists()

@@ -58,7 +58,7 @@ def test_torchrun_ddp_resumed_from_a_checkpoint_matches_one_process(single, tmp_
     first = launch(SCRIPTS / 'ddp_torchrun.py', nproc=2, timeout=180, echo=False,
                    args=[*SMALL, '--epochs', '2', '--ckpt', ckpt]).check()
     assert sorted(p.name for p in tmp_path.iterdir()) == ['ckpt.pt']  # no temporary left
-    state = torch.load(ckpt)
+    state = torch.load(ckpt, weights_only=True)
     assert state['epoch'] == 1 and not any(k.startswith('module.') for k in state['net'])
     second = launch(SCRIPTS / 'ddp_torchrun.py', nproc=2, timeout=180, echo=False,
                     args=[*SMALL, '--ckpt', ckpt, '--resume']).check()

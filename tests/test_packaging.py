@@ -79,3 +79,25 @@ def test_info_command():
     assert torch.__version__ in out
     assert 'CUDA_VISIBLE_DEVICES' in out and 'gloo' in out and 'CPU cores' in out
     assert f'hardware tier     {d2lpar.hardware_tier()}' in out
+
+
+def test_every_torch_load_passes_weights_only():
+    """A checkpoint is data: never let torch.load unpickle arbitrary objects from it."""
+    import ast
+    sources = [(p, p.read_text()) for p in ROOT.glob('**/*.py') if '.venv' not in p.parts]
+    for path in ROOT.glob('notebooks/**/*.ipynb'):
+        for i, cell in enumerate(json.loads(path.read_text())['cells']):
+            if cell['cell_type'] == 'code':
+                code = '\n'.join(line for line in ''.join(cell['source']).splitlines()
+                                 if not line.lstrip().startswith(('%', '!')))
+                sources.append((f'{path.name} cell {i}', code))
+    found = 0
+    for where, code in sources:
+        for node in ast.walk(ast.parse(code)):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == 'load' and getattr(node.func.value, 'id', '') == 'torch'):
+                found += 1
+                flags = {k.arg: k.value for k in node.keywords}
+                assert getattr(flags.get('weights_only'), 'value', None) is True, (
+                    f'{where}: torch.load without weights_only=True')
+    assert found >= 4  # the check saw the calls it is about

@@ -47,7 +47,7 @@ def make_net(model, seed):
 def get_batches(args):
     """Return a list of global batches (X, y): from --data, or random ones."""
     if args.data:
-        X, y = torch.load(args.data)
+        X, y = torch.load(args.data, weights_only=True)
         return list(zip(X.split(args.batch_size), y.split(args.batch_size)))
     g = torch.Generator().manual_seed(0)  # the same on every rank
     return [(torch.rand(args.batch_size, 1, 28, 28, generator=g),

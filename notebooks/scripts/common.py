@@ -102,7 +102,7 @@ def save_checkpoint(path, net, optimizer, epoch):
 
 def load_checkpoint(path, net, optimizer, map_location):
     """Load a checkpoint onto `map_location`; return the epoch to continue from."""
-    state = torch.load(path, map_location=map_location)
+    state = torch.load(path, map_location=map_location, weights_only=True)
     net.load_state_dict(state['net'])
     optimizer.load_state_dict(state['optimizer'])
     return state['epoch'] + 1
