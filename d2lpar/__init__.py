@@ -1,8 +1,8 @@
 """d2lpar: the support package of a notebook course on multi-GPU training."""
 from .data import (TensorLoader, data_root, fashion_mnist_source, get_fashion_mnist_labels,
                    load_data_fashion_mnist, offline)
-from .devices import (device_slots, env_flag, hardware_tier, num_gpus, small_workload,
-                      synchronize, try_all_gpus, try_gpu)
+from .devices import (device_slots, env_flag, gpu_problem, hardware_tier, num_gpus,
+                      small_workload, synchronize, try_all_gpus, try_gpu)
 from .info import show_setup
 from .models import accuracy, evaluate_accuracy_gpu, init_lenet_params, lenet
 from .parallel import allreduce, get_params, scatter, split_batch

@@ -3,13 +3,30 @@ import os
 
 import torch
 
-__all__ = ['try_gpu', 'try_all_gpus', 'num_gpus', 'device_slots',
+__all__ = ['try_gpu', 'try_all_gpus', 'num_gpus', 'gpu_problem', 'device_slots',
            'hardware_tier', 'synchronize', 'small_workload', 'env_flag']
 
 
 def num_gpus():
-    """Return the number of visible CUDA devices (0 without CUDA)."""
-    return torch.cuda.device_count()
+    """Return the number of GPUs this process can compute on (0 if CUDA cannot start)."""
+    # Before CUDA starts, torch.cuda.device_count() counts GPUs through NVML (torch 2.14's
+    # torch/cuda/__init__.py: device_count -> _device_count_nvml), which succeeds even
+    # when the driver is too old for this build; is_available() asks the CUDA runtime
+    # (cudaGetDeviceCount), which then finds none. Only GPUs both agree on are usable.
+    count = torch.cuda.device_count()
+    return count if count > 0 and torch.cuda.is_available() else 0
+
+
+def gpu_problem():
+    """Return why GPUs that torch counts cannot be used, or None when there is no such problem."""
+    count = torch.cuda.device_count()
+    if count == 0 or torch.cuda.is_available():
+        return None
+    return (f'torch.cuda.device_count() counts {count} GPU(s), but CUDA cannot start on them '
+            f'(torch.cuda.is_available() is False), so everything runs on the CPU. Most often '
+            f'the NVIDIA driver is older than this torch build (CUDA {torch.version.cuda}) '
+            f'needs: update the driver, or install a torch built for an older CUDA. torch\'s '
+            f'"CUDA initialization" warning, printed the first time CUDA was asked, says more.')
 
 
 def try_gpu(i=0):
@@ -52,6 +69,9 @@ def device_slots(n, verbose=True):
         slots = [torch.device('cpu')] * n
         note = (f'no GPU visible: {n} slot(s) on the CPU, holding '
                 f'independent copies; results are exact, the speed is the CPU\'s')
+        problem = gpu_problem()
+        if problem:
+            note += f'\n  (no usable GPU: {problem})'
     if verbose:
         print(f'device slots {[str(d) for d in slots]}: {note}')
     return slots
@@ -66,11 +86,22 @@ def hardware_tier():
 
 
 def synchronize(device=None):
-    """Wait for queued work on `device` (all CUDA work if None); no-op on CPU."""
-    if device is not None and torch.device(device).type != 'cuda':
+    """Wait for queued work on `device`, or on every GPU if None; no-op on the CPU."""
+    if device is not None:
+        if torch.device(device).type == 'cuda' and torch.cuda.is_available():
+            torch.cuda.synchronize(device)
         return
-    if torch.cuda.is_available():
-        torch.cuda.synchronize(device)
+    # torch.cuda.synchronize(None) waits for the current GPU only (torch 2.14's
+    # torch/cuda/__init__.py: "It uses the current device ... if device is None"), so
+    # wait for each GPU in turn. No work is queued before CUDA starts, nor on a GPU
+    # without a CUDA context; synchronizing such a GPU would create a context there
+    # (cudaSetDevice does since CUDA 12), which costs hundreds of MiB of its memory.
+    if not torch.cuda.is_initialized():
+        return
+    has_context = getattr(torch._C, '_cuda_hasPrimaryContext', lambda i: True)
+    for i in range(num_gpus()):
+        if has_context(i):
+            torch.cuda.synchronize(i)
 
 
 def small_workload():

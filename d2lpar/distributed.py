@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .devices import num_gpus
+
 __all__ = ['DistEnv', 'dist_env', 'expand_nodelist', 'torch_env_from_slurm',
            'pick_backend', 'rank_device', 'default_timeout', 'emit_result', 'exit_now']
 
@@ -181,20 +183,26 @@ def dist_env(environ=None):
 def pick_backend(local_world_size=1, override=None):
     """Return 'nccl' when every local process can have its own GPU, else 'gloo'.
 
-    `override` (or the D2LPAR_BACKEND environment variable) forces a backend.
+    `override` (a script's --backend, or the D2LPAR_BACKEND environment variable)
+    forces a backend, after the same check: nccl with fewer GPUs than local
+    processes is refused here, before any rank asks for a GPU it does not have.
     """
     choice = override or os.environ.get('D2LPAR_BACKEND') or None
+    import torch.distributed as dist
+    gpus = num_gpus()
     if choice is not None:
         if choice not in BACKENDS:
             raise ValueError(f'unknown backend {choice!r}; choose one of {BACKENDS}')
-        if choice == 'nccl' and torch.cuda.device_count() < local_world_size:
+        if choice == 'nccl' and gpus < local_world_size:
             raise ValueError(f'backend nccl needs one GPU per process: {local_world_size} '
-                             f'local process(es) but {torch.cuda.device_count()} GPU(s) visible; '
+                             f'local process(es) but {gpus} usable GPU(s) visible; '
                              f'use gloo or fewer processes per node')
+        if choice == 'nccl' and not dist.is_nccl_available():
+            raise ValueError('backend nccl is not built into this torch (it exists on Linux '
+                             'CUDA builds only); use gloo')
         return choice
-    import torch.distributed as dist
     if (sys.platform.startswith('linux') and dist.is_nccl_available()
-            and torch.cuda.device_count() >= local_world_size > 0):
+            and gpus >= local_world_size > 0):
         return 'nccl'
     return 'gloo'
 

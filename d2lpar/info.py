@@ -5,7 +5,7 @@ import platform
 import torch
 
 from .data import fashion_mnist_source
-from .devices import hardware_tier, num_gpus, small_workload
+from .devices import gpu_problem, hardware_tier, num_gpus, small_workload
 
 __all__ = ['report', 'show_setup']
 
@@ -35,6 +35,9 @@ def report():
                      f'compute capability {props.major}.{props.minor}')
     if gpus == 0:
         lines.append('  GPUs              none visible')
+    problem = gpu_problem()
+    if problem:
+        lines.append(f'  GPU problem       {problem}')
     backends = _backends()
     lines.append('  dist backends     ' + ', '.join(
         f'{name} {"yes" if ok else "no"}' for name, ok in backends.items()))
@@ -49,6 +52,9 @@ def show_setup(data=False):
     names = ', '.join(torch.cuda.get_device_name(i) for i in range(gpus)) or 'no GPU visible'
     print(f'hardware tier: {hardware_tier()} ({names}); torch {torch.__version__}, '
           f'{os.cpu_count()} CPU cores')
+    problem = gpu_problem()
+    if problem:
+        print(f'no usable GPU: {problem}')
     print(f'workload: {"small (D2LPAR_SMALL=1, as under the test suite)" if small_workload() else "full"}')
     if data:
         print(f'Fashion-MNIST: {fashion_mnist_source()}')

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from .devices import num_gpus
+from .devices import gpu_problem, num_gpus
 
 __all__ = ['choose_gpu', 'parse_visible_devices', 'visible_gpus', 'misspelled_cuda_vars',
            'run_with_mask', 'run_with_masks']
@@ -46,6 +46,9 @@ def choose_gpu(i=0):
     if 0 <= i < n:
         return torch.device('cuda', i)
     seen = 'no GPU' if n == 0 else f'{n} GPU(s): indices 0 to {n - 1}'
+    problem = gpu_problem() if n == 0 else None
+    if problem:
+        seen += f' it can use ({problem.rstrip(".")})'
     mask = os.environ.get(_MASK_VAR)
     if mask is not None:
         seen += (f' (CUDA_VISIBLE_DEVICES={mask!r} is set: indices count the GPUs '
@@ -174,7 +177,10 @@ def misspelled_cuda_vars(environ=None):
 # The child runs the snippet or script first (so that it can set variables
 # before anything imports torch), then reports as one JSON line. It counts
 # devices after initialising CUDA: before that, torch.cuda.device_count()
-# asks NVML and re-reads the environment, which the driver no longer does.
+# asks NVML and re-reads the environment, which the driver no longer does
+# (since torch 2.12 it asks the runtime once CUDA has started). GPUs that NVML
+# counts while CUDA cannot start (a driver too old for the build) are not usable:
+# they count as none, as in d2lpar.num_gpus.
 _CHILD = r'''
 import json, os, runpy, sys
 spec = json.loads(sys.argv[1])
@@ -188,7 +194,8 @@ import torch
 available = torch.cuda.is_available()
 if available:
     torch.cuda.init()
-props = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
+props = [torch.cuda.get_device_properties(i)
+         for i in range(torch.cuda.device_count() if available else 0)]
 seen = {
     'pid': os.getpid(),
     'mask': os.environ.get('CUDA_VISIBLE_DEVICES'),

@@ -10,7 +10,20 @@ from d2lpar import devices
 def fake_gpus(monkeypatch):
     def set_count(n):
         monkeypatch.setattr(torch.cuda, 'device_count', lambda: n)
+        monkeypatch.setattr(torch.cuda, 'is_available', lambda: n > 0)
     return set_count
+
+
+@pytest.fixture
+def driver_too_old(monkeypatch):
+    """NVML counts 2 GPUs, the CUDA runtime cannot start: what a too-old driver gives."""
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+
+    def cannot_start(*args, **kwargs):
+        raise RuntimeError('The NVIDIA driver on your system is too old')
+    for name in ('get_device_name', 'get_device_properties', 'synchronize', 'init'):
+        monkeypatch.setattr(torch.cuda, name, cannot_start)
 
 
 def test_try_gpu_falls_back_to_cpu(fake_gpus):
@@ -51,19 +64,71 @@ def test_device_slots_bad_input(bad):
         d2lpar.device_slots(bad)
 
 
-def test_synchronize_waits_only_for_cuda(monkeypatch):
+def test_synchronize_waits_for_the_device_given(monkeypatch):
     calls = []
     monkeypatch.setattr(torch.cuda, 'synchronize', calls.append)
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
     devices.synchronize(torch.device('cpu'))
-    devices.synchronize()
+    devices.synchronize('cuda:1')
     assert calls == []  # no CUDA: nothing to wait for
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
     devices.synchronize('cpu')
     assert calls == []  # CPU work is never queued
     devices.synchronize('cuda:1')
+    devices.synchronize(torch.device('cuda', 0))
+    assert calls == ['cuda:1', torch.device('cuda', 0)]
+
+
+def test_synchronize_none_waits_for_every_gpu(monkeypatch):
+    calls = []  # torch.cuda.synchronize(None) would wait for the current GPU only
+    monkeypatch.setattr(torch.cuda, 'synchronize', calls.append)
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 3)
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'is_initialized', lambda: False)
     devices.synchronize()
-    assert calls == ['cuda:1', None]
+    assert calls == []  # CUDA never started in this process: nothing is queued anywhere
+    monkeypatch.setattr(torch.cuda, 'is_initialized', lambda: True)
+    monkeypatch.delattr(torch._C, '_cuda_hasPrimaryContext', raising=False)
+    devices.synchronize()
+    assert calls == [0, 1, 2]
+    calls.clear()
+    # GPU 1 has no CUDA context: no work there, and synchronizing would create a context
+    monkeypatch.setattr(torch._C, '_cuda_hasPrimaryContext', lambda i: i != 1, raising=False)
+    devices.synchronize()
+    assert calls == [0, 2]
+
+
+def test_a_driver_too_old_for_torch_means_the_cpu_with_a_reason(driver_too_old, capsys):
+    from d2lpar import distributed, info
+    assert d2lpar.num_gpus() == 0
+    assert d2lpar.try_gpu() == torch.device('cpu')
+    assert d2lpar.try_all_gpus() == [torch.device('cpu')]
+    assert d2lpar.hardware_tier() == 'CPU only'
+    assert 'counts 2 GPU(s), but CUDA cannot start' in d2lpar.gpu_problem()
+    assert d2lpar.device_slots(2) == [torch.device('cpu')] * 2
+    d2lpar.synchronize()  # the patched torch.cuda.synchronize would raise
+    d2lpar.Timer().stop()
+    d2lpar.show_setup()  # every notebook's first cell: it asked get_device_name before
+    said = capsys.readouterr().out
+    assert said.count('counts 2 GPU(s), but CUDA cannot start') == 2  # slots, show_setup
+    assert 'hardware tier: CPU only (no GPU visible)' in said
+    assert 'no usable GPU: ' in said and 'driver is older than this torch build' in said
+    report = info.report()
+    assert 'GPUs              none visible' in report and 'GPU problem' in report
+    with pytest.raises(ValueError, match='sees no GPU it can use .*CUDA cannot start'):
+        d2lpar.choose_gpu(0)
+    assert distributed.pick_backend(2) == 'gloo'
+    with pytest.raises(ValueError, match='nccl needs one GPU per process: 2 local process.* '
+                                         'but 0 usable GPU'):
+        distributed.pick_backend(2, override='nccl')
+
+
+def test_no_reason_printed_when_the_gpus_work_or_there_are_none(fake_gpus, capsys):
+    for n in (0, 2):
+        fake_gpus(n)
+        assert d2lpar.gpu_problem() is None
+        d2lpar.device_slots(2)
+    assert 'cannot start' not in capsys.readouterr().out
 
 
 def test_small_workload(monkeypatch):

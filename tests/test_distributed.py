@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import d2lpar
 from d2lpar.distributed import (DistEnv, default_timeout, dist_env, emit_result, expand_nodelist,
                                 pick_backend, rank_device, torch_env_from_slurm)
 
@@ -109,16 +110,46 @@ def test_sbatch_example_maps_every_task_to_a_distinct_rank():
 
 def test_pick_backend(monkeypatch):
     monkeypatch.delenv('D2LPAR_BACKEND', raising=False)
-    if torch.cuda.device_count() == 0:
+    if d2lpar.num_gpus() == 0:
         assert pick_backend(2) == 'gloo'
         with pytest.raises(ValueError, match='one GPU per process'):
             pick_backend(2, override='nccl')
-    assert pick_backend(torch.cuda.device_count() + 1) == 'gloo'  # not a GPU for everyone
+    assert pick_backend(d2lpar.num_gpus() + 1) == 'gloo'  # not a GPU for everyone
     assert pick_backend(1, override='gloo') == 'gloo'
     monkeypatch.setenv('D2LPAR_BACKEND', 'gloo')
     assert pick_backend(1) == 'gloo'
     with pytest.raises(ValueError, match='unknown backend'):
         pick_backend(1, override='ncl')
+
+
+@pytest.mark.parametrize('gpus', [0, 1, 3])
+def test_an_explicit_nccl_gets_the_same_check_as_the_automatic_choice(monkeypatch, gpus):
+    import torch.distributed as dist
+    monkeypatch.delenv('D2LPAR_BACKEND', raising=False)
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: gpus)
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: gpus > 0)
+    monkeypatch.setattr(dist, 'is_nccl_available', lambda: True)
+    monkeypatch.setattr(sys, 'platform', 'linux')
+    for nproc in (1, 2, 3):
+        enough = gpus >= nproc
+        assert pick_backend(nproc) == ('nccl' if enough else 'gloo')
+        for explicit in ({'override': 'nccl'}, {'env': 'nccl'}):  # --backend, D2LPAR_BACKEND
+            if 'env' in explicit:
+                monkeypatch.setenv('D2LPAR_BACKEND', 'nccl')
+            try:
+                if enough:
+                    assert pick_backend(nproc, explicit.get('override')) == 'nccl'
+                else:  # refused before a rank asks for a GPU it does not have
+                    with pytest.raises(ValueError, match=f'nccl needs one GPU per process: '
+                                                         f'{nproc} local process.*{gpus} usable'):
+                        pick_backend(nproc, explicit.get('override'))
+            finally:
+                monkeypatch.delenv('D2LPAR_BACKEND', raising=False)
+    monkeypatch.setattr(dist, 'is_nccl_available', lambda: False)  # Windows, macOS, CPU builds
+    if gpus:
+        assert pick_backend(1) == 'gloo'
+        with pytest.raises(ValueError, match='nccl is not built into this torch'):
+            pick_backend(1, override='nccl')
 
 
 def test_rank_device_and_timeout(monkeypatch):

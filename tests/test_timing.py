@@ -19,6 +19,26 @@ def test_timer_records_and_sums():
     assert timer.cumsum() == pytest.approx([timer.times[0], timer.sum()])
 
 
+def test_timer_waits_for_every_gpu_or_the_one_given(monkeypatch):
+    import torch
+    calls = []
+    monkeypatch.setattr(torch.cuda, 'synchronize', calls.append)
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'is_initialized', lambda: True)
+    monkeypatch.delattr(torch._C, '_cuda_hasPrimaryContext', raising=False)
+    timer = d2lpar.Timer()  # waits at start and at stop, for cuda:0 and cuda:1
+    timer.stop()
+    assert calls == [0, 1, 0, 1]
+    calls.clear()
+    timer = d2lpar.Timer('cuda:1')
+    timer.stop()
+    assert calls == ['cuda:1', 'cuda:1']
+    calls.clear()
+    d2lpar.Timer('cpu').stop()
+    assert calls == []
+
+
 def test_timer_avg_without_times():
     timer = d2lpar.Timer()
     with pytest.raises(RuntimeError, match='stop'):

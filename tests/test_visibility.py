@@ -93,6 +93,7 @@ def test_visible_gpus_bad_input():
 def test_choose_gpu(monkeypatch):
     monkeypatch.delenv('CUDA_VISIBLE_DEVICES', raising=False)
     monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
     assert d2lpar.choose_gpu(1) == torch.device('cuda:1')
     assert d2lpar.choose_gpu() == torch.device('cuda:0')
     for bad in (2, -1):
@@ -300,3 +301,15 @@ def test_interrupt_kills_children(tmp_path):
     while not _gone(child) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _gone(child)
+
+
+def test_a_child_whose_gpus_cannot_start_reports_none_and_does_not_crash():
+    # What a driver too old for the build looks like from Python: NVML counts GPUs,
+    # the CUDA runtime cannot start. The child's own report must not ask for them.
+    too_old = ('import torch\n'
+               'torch.cuda.device_count = lambda: 2\n'
+               'torch.cuda.is_available = lambda: False\n'
+               'report["num_gpus"] = __import__("d2lpar").num_gpus()\n')
+    seen = d2lpar.run_with_mask(None, code=too_old)
+    assert seen['device_count'] == 0 and not seen['cuda_available'] and seen['names'] == []
+    assert seen['report']['num_gpus'] == 0

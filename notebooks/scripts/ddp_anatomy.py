@@ -91,7 +91,7 @@ def main():
                                                                 nn.BatchNorm1d(4)))
     sbn = nn.SyncBatchNorm(4, affine=False).to(device)
     try:  # the real module: GPUs only (it refuses CPU tensors while training)
-        syncbn = {'gap': (sbn(X) - Y).abs().max().item()}
+        syncbn = {'Y': sbn(X)}  # handed back as a CPU copy, compared in the notebook
     except ValueError as e:
         syncbn = {'error': str(e)}
     errors = {find: unused_parameters(device, find) for find in (False, True)}

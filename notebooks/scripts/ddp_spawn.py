@@ -16,7 +16,7 @@ from d2lpar.distributed import emit_result, exit_now, pick_backend, rank_device
 
 def worker(rank, world_size, args):
     """Run by each process mp.spawn starts; `rank` is its first argument."""
-    backend = args.backend or pick_backend(world_size)  # nccl with a GPU each, else gloo
+    backend = pick_backend(world_size, args.backend)  # --backend, checked; or nccl/gloo
     dist.init_process_group(backend, init_method=args.init_method, rank=rank,
                             world_size=world_size,
                             timeout=datetime.timedelta(seconds=args.timeout))

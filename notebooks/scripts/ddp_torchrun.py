@@ -17,7 +17,7 @@ def main():
     args = common.get_args(__doc__)
     env = dist_env()  # RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE set by torchrun
     rank, world_size = env.rank, env.world_size
-    backend = args.backend or pick_backend(env.local_world_size)  # nccl with a GPU each
+    backend = pick_backend(env.local_world_size, args.backend)  # --backend, checked; or auto
     dist.init_process_group(backend, init_method='env://', rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=args.timeout))
     device = rank_device(backend, env.local_rank)  # cuda:LOCAL_RANK with nccl, else the CPU
