@@ -376,6 +376,8 @@ class TensorLoader:
         if len(X) != len(y):
             raise ValueError(f'X has {len(X)} rows but y has {len(y)}')
         self.X, self.y = X, y
+        # As DataLoader's: d2l code asks len(train_iter.dataset) for the number of examples.
+        self.dataset = torch.utils.data.TensorDataset(X, y)
         self.batch_size, self.shuffle = batch_size, shuffle
         if isinstance(resize, int) and not isinstance(resize, bool):
             resize = (resize, resize)

@@ -31,14 +31,14 @@ class Animator:
                  ylim=None, xscale='linear', yscale='linear',
                  fmts=('-', 'm--', 'g-.', 'r:'), nrows=1, ncols=1, figsize=(3.5, 2.5),
                  title=None):
-        # nrows and ncols keep d2l's signature, so its positional calls still work here.
-        if (nrows, ncols) != (1, 1):
-            raise ValueError(f'Animator draws one plot; got nrows={nrows}, ncols={ncols}. '
-                             'Use one Animator per plot')
+        for name, value in (('nrows', nrows), ('ncols', ncols)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f'Animator: {name} must be a positive int, got {value!r}')
         # A bare Figure avoids pyplot's global state and its auto-display.
         from matplotlib.figure import Figure
         self.fig = Figure(figsize=figsize)
-        self.axes = self.fig.add_subplot()
+        # As in d2l: a list of every subplot, and the lines are drawn in axes[0].
+        self.axes = list(self.fig.subplots(nrows, ncols, squeeze=False).flat)
         if isinstance(legend, str):  # one line's name, not a list of one-letter names
             legend = [legend]
         self.xlabel, self.ylabel, self.legend = xlabel, ylabel, list(legend or [])
@@ -50,11 +50,18 @@ class Animator:
     def add(self, x, y):
         """Add one point per line: x and y are scalars or equal-length lists."""
         x, y = _plain(x), _plain(y)
-        if not hasattr(y, '__len__'):
+        if not isinstance(y, (list, tuple)):
             y = [y]
         n = len(y)
-        if not hasattr(x, '__len__'):
+        if not isinstance(x, (list, tuple)):
             x = [x] * n
+        for name, values in (('x', x), ('y', y)):
+            odd = [v for v in values if v is not None and (
+                isinstance(v, bool) or not isinstance(_plain(v), (int, float)))]
+            if odd:
+                raise TypeError(f'Animator.add: {name} must be numbers (one per line) or None, '
+                                f'got {odd[0]!r}')
+        x, y = [_plain(v) for v in x], [_plain(v) for v in y]
         if len(x) != n:
             raise ValueError(f'Animator.add: got {len(x)} x values for {n} y values')
         if self.X is None:
@@ -77,7 +84,7 @@ class Animator:
             print(f'{self.xlabel or "x"} {x[0]:g}: {points}')
 
     def _redraw(self):
-        ax = self.axes
+        ax = self.axes[0]
         ax.cla()
         for xs, ys, fmt in zip(self.X, self.Y, self.fmts):
             ax.plot(xs, ys, fmt)

@@ -1,6 +1,8 @@
 """Timing: a wall-clock Timer that waits for the GPU, and an Accumulator."""
 import time
 
+import torch
+
 from .devices import synchronize
 
 __all__ = ['Timer', 'Accumulator']
@@ -15,6 +17,13 @@ class Timer:
     """
 
     def __init__(self, device=None):
+        if device is not None:
+            try:
+                device = torch.device(device)
+            except (RuntimeError, TypeError):
+                raise ValueError(f"Timer: device must be None (wait for every GPU), a "
+                                 f"torch.device or a name such as 'cuda:0' or 'cpu', got "
+                                 f"{device!r}") from None
         self.device = device
         self.times = []
         self.start()

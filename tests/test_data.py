@@ -39,6 +39,8 @@ def test_loader_shapes_and_dtypes(standin_root, capsys):
     assert y.shape == (256,) and y.dtype == torch.int64
     assert 0 <= float(X.min()) and float(X.max()) <= 1
     assert len(train_iter) == 235 and len(test_iter) == 40
+    assert len(train_iter.dataset) == 60000 and len(test_iter.dataset) == 10000  # as d2l asks
+    assert torch.equal(test_iter.dataset[3][0], test_iter.X[3])
     assert sum(len(y) for _, y in train_iter) == 60000
     assert sum(len(y) for _, y in test_iter) == 10000
     assert set(torch.cat([y for _, y in test_iter]).tolist()) == set(range(10))

@@ -33,7 +33,7 @@ def test_timer_waits_for_every_gpu_or_the_one_given(monkeypatch):
     calls.clear()
     timer = d2lpar.Timer('cuda:1')
     timer.stop()
-    assert calls == ['cuda:1', 'cuda:1']
+    assert calls == [torch.device('cuda:1')] * 2
     calls.clear()
     d2lpar.Timer('cpu').stop()
     assert calls == []
@@ -98,5 +98,25 @@ def test_animator_keeps_d2l_signature():
     assert names[:10] == ['xlabel', 'ylabel', 'legend', 'xlim', 'ylim', 'xscale', 'yscale',
                           'fmts', 'nrows', 'ncols']
     assert names[10] == 'figsize'
-    with pytest.raises(ValueError, match='one plot'):
-        d2lpar.Animator(nrows=2)
+    # d2l keeps a list of axes and draws in the first
+    animator = d2lpar.Animator(nrows=1, ncols=2)
+    assert len(animator.axes) == 2 and d2lpar.Animator().axes[0] is not None
+    with pytest.raises(ValueError, match='nrows must be a positive int'):
+        d2lpar.Animator(nrows=0)
+
+
+@pytest.mark.parametrize('x, y, message', [
+    (1, 'abc', "y must be numbers .* got 'abc'"),
+    ('a', 1.0, "x must be numbers .* got 'a'"),
+    (1, [1.0, object()], 'y must be numbers'),
+    (1, True, 'y must be numbers'),
+])
+def test_animator_add_refuses_what_is_not_a_number(x, y, message):
+    with pytest.raises(TypeError, match=message):
+        d2lpar.Animator().add(x, y)
+
+
+@pytest.mark.parametrize('device', ['gpu', 3.5, 'cuda:x'])
+def test_timer_names_a_bad_device(device):
+    with pytest.raises(ValueError, match="Timer: device must be None"):
+        d2lpar.Timer(device=device)
