@@ -277,8 +277,8 @@ def parallel_apply(replicas, inputs):
     """Run `replicas[k](*inputs[k])` for all k at once, one thread per replica."""
     # Grad mode and autocast are settings of each thread: hand the caller's to the workers.
     grad_enabled = torch.is_grad_enabled()
-    autocasts = [torch.autocast(r.device.type, torch.get_autocast_dtype(r.device.type),
-                                torch.is_autocast_enabled(r.device.type)) for r in replicas]
+    autocasts = [torch.autocast(r.device.type, dtype=torch.get_autocast_dtype(r.device.type),
+                                enabled=torch.is_autocast_enabled(r.device.type)) for r in replicas]
     results = [None] * len(replicas)
 
     def worker(k, device):
