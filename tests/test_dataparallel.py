@@ -227,3 +227,105 @@ def test_save_checkpoint_round_trip_and_errors(tmp_path):
     with pytest.raises(Exception):  # a lambda cannot be pickled: nothing may be left behind
         d2lpar.save_checkpoint({'f': lambda: 0}, tmp_path / 'bad.pt')
     assert sorted(os.listdir(tmp_path)) == ['ckpt.pt']
+
+
+def test_an_unindexed_cuda_device_means_the_current_one(monkeypatch):
+    """Issue 18, defect 8: replicate refused a module on cuda:0 when given devices=['cuda', ...]."""
+    from types import SimpleNamespace
+    from d2lpar.dataparallel import _check_replicate, _normalize_devices
+
+    # Why the devices are normalised: a CUDA tensor's .device always has an index.
+    assert torch.device('cuda').index is None and torch.device('cuda') != torch.device('cuda', 0)
+
+    class OnCuda0(nn.Module):  # what a module moved with .to('cuda') reports, without a GPU
+        def named_parameters(self, *args, **kwargs):
+            yield 'weight', SimpleNamespace(device=torch.device('cuda', 0))
+
+    for current in (0, 1):
+        monkeypatch.setattr(torch.cuda, 'current_device', lambda: current)
+        assert _normalize_devices(['cuda', 'cuda:1', CPU, torch.device('cuda')], 'replicate') == [
+            torch.device('cuda', current), torch.device('cuda', 1), CPU,
+            torch.device('cuda', current)]
+        if current == 0:
+            (_, devices), _ = _check_replicate(OnCuda0(), ['cuda', 'cuda:1'])
+            assert devices == [torch.device('cuda', 0), torch.device('cuda', 1)]
+        else:
+            with pytest.raises(ValueError, match=r'devices\[0\] = cuda:1.*is on cuda:0'):
+                _check_replicate(OnCuda0(), ['cuda', 'cuda:0'])
+    # A CPU device list never asks CUDA anything.
+    monkeypatch.setattr(torch.cuda, 'current_device', lambda: pytest.fail('CUDA was asked'))
+    assert _normalize_devices(['cpu', CPU], 'scatter_inputs') == [CPU, CPU]
+
+
+def test_every_entry_point_normalises_its_devices(monkeypatch):
+    from d2lpar import dataparallel as dp
+
+    monkeypatch.setattr(torch.cuda, 'current_device', lambda: 1)
+    cuda1 = torch.device('cuda', 1)
+    X, net = torch.ones(4, 2), nn.Linear(2, 2)
+    (_, devices, _), _ = dp._check_scatter_inputs(X, ['cuda', 'cuda:0'])
+    assert devices == [cuda1, torch.device('cuda', 0)]
+    (_, _, devices, output_device, _), _ = dp._check_data_parallel(net, X, ['cuda'], 'cuda')
+    assert devices == [cuda1] and output_device == cuda1
+    (_, _, devices, output_device, _), _ = dp._check_hand_data_parallel(None, net, ['cuda'], 'cuda')
+    assert devices == [cuda1] and output_device == cuda1
+    (_, output_device, _), _ = dp._check_gather([X, X], 'cuda')
+    assert output_device == cuda1
+    # The checked functions are called with what the checks return.
+    hand = d2lpar.HandDataParallel(net, ['cpu', 'cpu'], output_device='cpu')
+    assert hand.devices == [CPU, CPU] and hand.output_device == CPU
+
+
+def test_the_checks_refuse_what_the_algorithm_cannot_do():
+    with pytest.raises(ValueError, match='3 rows of inputs\\[0\\] cannot be split across 4'):
+        d2lpar.scatter_inputs(torch.ones(3, 2), [CPU] * 4)
+    with pytest.raises(ValueError, match='into only 3 parts for 4 devices'):
+        d2lpar.scatter_inputs(torch.ones(5, 2), [CPU] * 4)  # chunks of 2: 2 + 2 + 1
+    with pytest.raises(ValueError, match='0-dim tensor'):
+        d2lpar.scatter_inputs((torch.ones(4), torch.tensor(1.0)), [CPU, CPU])
+    with pytest.raises(ValueError, match='no tensor to split'):
+        d2lpar.scatter_inputs(('a', 3), [CPU, CPU])
+    with pytest.raises(TypeError, match='list of devices'):
+        d2lpar.replicate(nn.Linear(2, 2), 'cpu')
+    with pytest.raises(ValueError, match='scalars'):
+        d2lpar.gather([torch.tensor(1.0), torch.ones(2)], CPU)
+    with pytest.raises(TypeError, match='different types or lengths'):
+        d2lpar.gather([{'a': torch.ones(1)}, {'b': torch.ones(1)}], CPU)
+    with pytest.raises(TypeError, match='not a replica'):
+        d2lpar.parallel_apply([nn.Linear(2, 2)], [(torch.ones(1, 2),)])
+    # One argument per replica may be given bare instead of as a 1-tuple.
+    replicas = d2lpar.replicate(nn.Linear(2, 1), [CPU, CPU])
+    outs = d2lpar.parallel_apply(replicas, [torch.ones(1, 2), (torch.ones(1, 2),)])
+    torch.testing.assert_close(outs[0], outs[1])
+
+
+def test_comparisons_across_devices_go_through_cpu_copies():
+    """Issue 18, defect 1: assert_close refuses tensors on two devices, equal or not."""
+    a, b = torch.ones(2), torch.ones(2, device='meta')
+    with pytest.raises(AssertionError, match='device'):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # Notebook 3 compares tensors only as CPU copies: every comparison's tensors go through
+    # on_cpu(...) or .cpu() (its helper assert_close_on_cpu does, and so must every other call).
+    import ast
+    import json
+    from pathlib import Path
+    cells = json.loads((Path(__file__).resolve().parent.parent / 'notebooks' /
+                        '03_data_parallel.ipynb').read_text())['cells']
+    compared = 0
+    for cell in cells:
+        if cell['cell_type'] != 'code':
+            continue
+        for node in ast.walk(ast.parse(''.join(cell['source']))):
+            if not isinstance(node, ast.Call):
+                continue
+            name = ast.unparse(node.func)
+            if name in ('torch.testing.assert_close', 'torch.equal', 'torch.allclose',
+                        'torch.isclose'):
+                compared += 1
+                for arg in node.args[:2]:
+                    text = ast.unparse(arg)
+                    assert text.startswith('on_cpu(') or text.endswith('.cpu()'), \
+                        f'notebook 3 compares {text} without a CPU copy: {ast.unparse(node)}'
+            elif name == 'assert_close_on_cpu':
+                compared += 1
+    assert compared > 20

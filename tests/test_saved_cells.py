@@ -11,6 +11,9 @@ CHAPTERS = sorted(NOTEBOOKS.glob('[0-9][0-9]_*.ipynb'))
 
 # What each notebook must write in its own cells (the algorithms it teaches).
 REQUIRED = {
+    '03_data_parallel': ['scatter_inputs', 'Replica', 'replicate', 'parallel_apply', 'gather',
+                         'data_parallel', 'HandDataParallel', 'save_checkpoint',
+                         'load_state_dict_flexible'],
 }
 
 
