@@ -67,8 +67,9 @@ def _tensors(caller, name, tensors, world_size, like=None):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f'{caller}: {name}[{i}] is a {type(t).__name__}, not a tensor')
         if like is not None and (t.shape != like.shape or t.dtype != like.dtype):
-            raise ValueError(f'{caller}: {name}[{i}] has shape {tuple(t.shape)} and dtype {t.dtype}, '
-                             f'expected {tuple(like.shape)} and {like.dtype} like the tensor')
+            raise ValueError(f'{caller}: {name}[{i}] has shape {tuple(t.shape)} and dtype '
+                             f'{t.dtype}, expected {tuple(like.shape)} and {like.dtype} '
+                             'like the tensor')
         if not t.is_contiguous():
             raise ValueError(f'{caller}: {name}[{i}] is not contiguous, so it cannot be received '
                              'into; allocate it with torch.empty_like(tensor)')
@@ -183,7 +184,7 @@ def reduce(tensor, dst, op=dist.ReduceOp.SUM):
 
 @checked(_check_ring_reduce_scatter)
 def ring_reduce_scatter(blocks, op=dist.ReduceOp.SUM):
-    """Combine `blocks` (one per rank) across ranks around a ring: rank r ends with block r's total."""
+    """Combine `blocks` (one per rank) around a ring: rank r ends with block r's total."""
     rank, n = dist.get_rank(), dist.get_world_size()
     right, left = (rank + 1) % n, (rank - 1) % n
     for step in range(n - 1):
@@ -234,7 +235,7 @@ def naive_allreduce(tensor, op=dist.ReduceOp.SUM):
 
 @checked(_check_allreduce('ring_allreduce'))
 def ring_allreduce(tensor, op=dist.ReduceOp.SUM):
-    """Combine `tensor` over all ranks in place: ring reduce-scatter of n blocks, then ring all-gather."""
+    """Combine `tensor` over all ranks in place: ring reduce-scatter, then ring all-gather."""
     # n views of the flat tensor, their sizes differing by at most one (empty if numel < n)
     blocks = tensor.view(-1).tensor_split(dist.get_world_size())
     ring_reduce_scatter(blocks, op)

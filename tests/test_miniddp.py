@@ -86,7 +86,7 @@ def _check_misuse(rank, n):
         MiniDDP(lambda x: x)
     with pytest.raises(TypeError, match='HookDDP wraps an nn.Module'):
         HookDDP(lambda x: x)
-    with pytest.raises(ValueError, match='BucketDDP: the module has no parameters that require grad'):
+    with pytest.raises(ValueError, match='BucketDDP: the module has no parameters that require'):
         BucketDDP(nn.Linear(2, 2).requires_grad_(False))
     with pytest.raises(ValueError, match='several dtypes or devices'):
         make_buckets([torch.zeros(2), torch.zeros(2, dtype=torch.float64)], 25)
@@ -109,7 +109,7 @@ def test_miniddp_misuse():
 def test_miniddp_needs_a_process_group():
     assert not dist.is_initialized()
     for cls in (HookDDP, BucketDDP, MiniDDP):
-        with pytest.raises(RuntimeError, match=f'{cls.__name__}: no process group.*init_process_group'):
+        with pytest.raises(RuntimeError, match=f'{cls.__name__}: no process group.*init_process_gr'):
             cls(nn.Linear(2, 2))
 
 

@@ -11,6 +11,10 @@ CHAPTERS = sorted(NOTEBOOKS.glob('[0-9][0-9]_*.ipynb'))
 
 # What each notebook must write in its own cells (the algorithms it teaches).
 REQUIRED = {
+    '07_collectives': ['combine', 'broadcast', 'reduce', 'naive_allreduce', 'ring_reduce_scatter',
+                       'ring_all_gather', 'all_gather', 'reduce_scatter', 'ring_allreduce',
+                       'allreduce_cost', 'bandwidths', 'HookDDP', 'make_buckets', 'BucketDDP',
+                       'MiniDDP'],
 }
 
 
