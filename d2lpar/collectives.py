@@ -1,12 +1,13 @@
-"""Collective operations written by hand from point-to-point messages.
+"""Collective operations written by hand from point-to-point messages (notebook 7).
 
 Every function here runs on every rank of the default process group, like
 its `torch.distributed` namesake, and is built only from point-to-point
-messages (`send`/`recv`, `isend`/`irecv`):
-broadcast, reduce, all-gather, reduce-scatter, a naive allreduce (reduce to
-one rank, then broadcast) and a chunked ring allreduce (reduce-scatter, then
-all-gather). Pass `traffic={}` to count the bytes this rank sends and
-receives, which is what the cost model of the notebook predicts.
+messages (`send`/`recv`, `isend`): broadcast, reduce, all-gather,
+reduce-scatter, a naive allreduce (reduce to one rank, then broadcast) and a
+ring allreduce (ring reduce-scatter, then ring all-gather), with the cost
+model that compares them. Each function's code is a `#@save` cell of
+notebook 7 (tests/test_saved_cells.py compares them); the `_check_...`
+functions validate the arguments before it runs (see d2lpar/_checks.py).
 """
 import math
 import time
@@ -14,45 +15,49 @@ import time
 import torch
 import torch.distributed as dist
 
-from ._checks import positive_int
+from ._checks import checked, positive_int
 
-__all__ = ['broadcast', 'reduce', 'all_gather', 'reduce_scatter', 'naive_allreduce',
-           'ring_allreduce', 'allreduce_cost', 'bandwidths', 'allreduce_timings']
+__all__ = ['combine', 'broadcast', 'reduce', 'ring_reduce_scatter', 'ring_all_gather',
+           'all_gather', 'reduce_scatter', 'naive_allreduce', 'ring_allreduce',
+           'allreduce_cost', 'bandwidths', 'allreduce_timings']
 
-_COMBINE = (  # (op, in-place combine of a received tensor into ours)
-    (dist.ReduceOp.SUM, torch.Tensor.add_),
-    (dist.ReduceOp.PRODUCT, torch.Tensor.mul_),
-    (dist.ReduceOp.MIN, lambda a, b: torch.minimum(a, b, out=a)),
-    (dist.ReduceOp.MAX, lambda a, b: torch.maximum(a, b, out=a)),
-)
+_OPS = (dist.ReduceOp.SUM, dist.ReduceOp.PRODUCT, dist.ReduceOp.MIN, dist.ReduceOp.MAX)
 
 
-def _setup(caller, tensor=None):
-    """Return (rank, world_size) of the default group after checking the arguments."""
+# Argument checks: run by @checked before each function, so that its code stays the algorithm.
+
+def _world(caller):
+    """Return the world size of the default group, or say how to create one."""
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(f'{caller}: no process group; call torch.distributed.'
                            'init_process_group first (each rank of a script run by torchrun)')
-    if tensor is not None and not isinstance(tensor, torch.Tensor):
+    return dist.get_world_size()
+
+
+def _tensor(caller, tensor, name='tensor'):
+    if not isinstance(tensor, torch.Tensor):
         raise TypeError(f'{caller}: expected a tensor, got {type(tensor).__name__}')
-    return dist.get_rank(), dist.get_world_size()
+    if not tensor.is_contiguous():
+        raise ValueError(f'{caller}: {name} is not contiguous, so it cannot be sent or received '
+                         f'in place; pass t = {name}.contiguous() and copy the result back '
+                         f'with {name}.copy_(t)')
 
 
-def _check_rank(caller, name, value, world_size):
+def _rank(caller, name, value, world_size):
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < world_size:
         raise ValueError(f'{caller}: {name} must be a rank in 0..{world_size - 1}, got {value!r}')
 
 
-def _combiner(caller, op):
+def _op(caller, op):
     if op == dist.ReduceOp.AVG:
         raise ValueError(f'{caller}: ReduceOp.AVG is not supported (gloo has an open correctness '
                          'report on it); reduce with ReduceOp.SUM, then divide by the world size')
-    for key, combine in _COMBINE:
-        if op == key:
-            return combine
-    raise ValueError(f'{caller}: op must be ReduceOp.SUM, PRODUCT, MIN or MAX, got {op!r}')
+    if not any(op == known for known in _OPS):
+        raise ValueError(f'{caller}: op must be ReduceOp.SUM, PRODUCT, MIN or MAX, got {op!r}')
 
 
-def _check_list(caller, name, tensors, like, world_size):
+def _tensors(caller, name, tensors, world_size, like=None):
+    """Check a list of one contiguous tensor per rank (shaped like `like`, if given)."""
     if isinstance(tensors, torch.Tensor) or not isinstance(tensors, (list, tuple)):
         raise TypeError(f'{caller}: {name} must be a list of {world_size} tensors, one per rank')
     if len(tensors) != world_size:
@@ -61,179 +66,65 @@ def _check_list(caller, name, tensors, like, world_size):
     for i, t in enumerate(tensors):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f'{caller}: {name}[{i}] is a {type(t).__name__}, not a tensor')
-        if t.shape != like.shape or t.dtype != like.dtype:
-            raise ValueError(f'{caller}: {name}[{i}] has shape {tuple(t.shape)} and dtype {t.dtype}, '
-                             f'expected {tuple(like.shape)} and {like.dtype} like the tensor')
-
-
-def _count(traffic, key, tensor):
-    if traffic is not None:
-        traffic[key] = traffic.get(key, 0) + tensor.numel() * tensor.element_size()
-
-
-def _contiguous(tensor):
-    """Return a contiguous flat tensor to work on, and whether it must be copied back."""
-    if tensor.is_contiguous():
-        return tensor.view(-1), False
-    return tensor.reshape(-1).clone(), True
-
-
-def broadcast(tensor, src, traffic=None):
-    """Copy `tensor` of rank `src` into `tensor` on every rank: `src` sends it to each in turn."""
-    rank, n = _setup('broadcast', tensor)
-    _check_rank('broadcast', 'src', src, n)
-    flat, copy_back = _contiguous(tensor)
-    if rank == src:
-        works = [dist.isend(flat, dst) for dst in range(n) if dst != src and flat.numel()]
-        for work in works:
-            _count(traffic, 'sent', flat)
-            work.wait()
-    else:
-        if flat.numel():
-            _count(traffic, 'received', flat)
-            dist.recv(flat, src)
-        if copy_back:
-            tensor.copy_(flat.view_as(tensor))
-    return tensor
-
-
-def reduce(tensor, dst, op=dist.ReduceOp.SUM, traffic=None):
-    """Combine `tensor` of every rank into `tensor` on rank `dst`; other ranks' tensors are unchanged."""
-    rank, n = _setup('reduce', tensor)
-    _check_rank('reduce', 'dst', dst, n)
-    combine = _combiner('reduce', op)
-    flat, copy_back = _contiguous(tensor)
-    if rank != dst:
-        if flat.numel():
-            _count(traffic, 'sent', flat)
-            dist.send(flat, dst)
-        return tensor
-    # Receive from everyone at once, then combine in rank order (a fixed
-    # order gives the same float rounding on every run).
-    parts = {src: torch.empty_like(flat) for src in range(n) if src != dst}
-    works = [dist.irecv(buf, src) for src, buf in parts.items() if buf.numel()]
-    for buf in parts.values():
-        _count(traffic, 'received', buf)
-    for work in works:
-        work.wait()
-    for src in sorted(parts):
-        combine(flat, parts[src])
-    if copy_back:
-        tensor.copy_(flat.view_as(tensor))
-    return tensor
-
-
-def _ring(blocks, rank, n, traffic, combine=None, gather=True):
-    """Pass `blocks` around the ring in place: reduce-scatter (if `combine`), then all-gather.
-
-    Reduce-scatter: in each of n-1 steps every rank sends one block's partial
-    result to its right neighbour and combines the block arriving from its
-    left one into its own copy; afterwards rank r holds the total of blocks[r].
-    All-gather: in n-1 more steps every rank passes a complete block on, so
-    that every rank ends with all of them.
-    """
-    if n == 1:
-        return
-    right, left = (rank + 1) % n, (rank - 1) % n
-    # (phase, block to send, block to receive) of each step; the block received in
-    # one step is the one sent in the next.
-    steps = []
-    if combine is not None:
-        steps += [('reduce', (rank - t - 1) % n, (rank - t - 2) % n) for t in range(n - 1)]
-    if gather:
-        steps += [('gather', (rank - t) % n, (rank - t - 1) % n) for t in range(n - 1)]
-    # Partial results arrive in one of two buffers, so the next step's receive can
-    # be posted before this step's block is combined: the left neighbour's next
-    # message flows in while we add. Sends are waited for only when their block
-    # is about to be overwritten (or at the end): waiting for each send would tie
-    # every step to the right neighbour's progress as well as the left one's.
-    size = max(b.numel() for b in blocks)
-    buffers = [blocks[0].new_empty(size) for _ in range(2 if combine is not None else 0)]
-    sending = {}  # block -> its send still in flight; waited for only before the block is overwritten
-
-    def post_receive(t):
-        phase, _, b = steps[t]
-        if phase == 'reduce':
-            target = buffers[t % 2][:blocks[b].numel()].view_as(blocks[b])
-        else:
-            target = blocks[b]
-            if b in sending:
-                sending.pop(b).wait()
-        _count(traffic, 'received', target)
-        return target, dist.irecv(target, left) if target.numel() else None
-
-    receive = post_receive(0)
-    for t, (phase, send, recv) in enumerate(steps):
-        if blocks[send].numel():
-            if send in sending:
-                sending.pop(send).wait()
-            sending[send] = dist.isend(blocks[send], right)
-            _count(traffic, 'sent', blocks[send])
-        target, work = receive
-        if work is not None:
-            work.wait()
-        if t + 1 < len(steps):
-            receive = post_receive(t + 1)
-        if phase == 'reduce':
-            combine(blocks[recv], target)
-    for work in sending.values():
-        work.wait()
-
-
-def all_gather(tensor_list, tensor, traffic=None):
-    """Fill `tensor_list[r]` with `tensor` of rank r on every rank, passing blocks around a ring."""
-    rank, n = _setup('all_gather', tensor)
-    _check_list('all_gather', 'tensor_list', tensor_list, tensor, n)
-    for i, t in enumerate(tensor_list):
+        if like is not None and (t.shape != like.shape or t.dtype != like.dtype):
+            raise ValueError(f'{caller}: {name}[{i}] has shape {tuple(t.shape)} and dtype '
+                             f'{t.dtype}, expected {tuple(like.shape)} and {like.dtype} '
+                             'like the tensor')
         if not t.is_contiguous():
-            raise ValueError(f'all_gather: tensor_list[{i}] is not contiguous, so it cannot be '
-                             'received into; allocate the outputs with torch.empty_like(tensor)')
-    tensor_list[rank].copy_(tensor)
-    _ring(tensor_list, rank, n, traffic)
-    return tensor_list
+            raise ValueError(f'{caller}: {name}[{i}] is not contiguous, so it cannot be received '
+                             'into; allocate it with torch.empty_like(tensor)')
 
 
-def reduce_scatter(output, input_list, op=dist.ReduceOp.SUM, traffic=None):
-    """Set `output` on rank r to input_list[r] combined over all ranks, around a ring."""
-    rank, n = _setup('reduce_scatter', output)
-    _check_list('reduce_scatter', 'input_list', input_list, output, n)
-    combine = _combiner('reduce_scatter', op)
-    # Work on a copy: partial results pass through every block but one, and
-    # the inputs, as with torch.distributed.reduce_scatter, stay untouched.
-    work = torch.stack([t.detach() for t in input_list])
-    _ring(list(work.unbind()), rank, n, traffic, combine, gather=False)
-    output.copy_(work[rank])
-    return output
+def _check_combine(a, b, op=dist.ReduceOp.SUM):
+    _op('combine', op)
 
 
-def naive_allreduce(tensor, op=dist.ReduceOp.SUM, traffic=None):
-    """Combine `tensor` over all ranks in place: reduce to rank 0, then broadcast from it."""
-    reduce(tensor, 0, op, traffic)
-    return broadcast(tensor, 0, traffic)
+def _check_broadcast(tensor, src):
+    n = _world('broadcast')
+    _tensor('broadcast', tensor)
+    _rank('broadcast', 'src', src, n)
 
 
-def ring_allreduce(tensor, op=dist.ReduceOp.SUM, traffic=None):
-    """Combine `tensor` over all ranks in place: ring reduce-scatter of n chunks, then ring all-gather."""
-    rank, n = _setup('ring_allreduce', tensor)
-    combine = _combiner('ring_allreduce', op)
-    flat, copy_back = _contiguous(tensor)
-    if n == 1 or flat.numel() == 0:
-        return tensor
-    # tensor_split makes n contiguous views of sizes differing by at most one
-    # (some empty when numel < n), so no padding copy is needed.
-    _ring(flat.tensor_split(n), rank, n, traffic, combine)
-    if copy_back:
-        tensor.copy_(flat.view_as(tensor))
-    return tensor
+def _check_reduce(tensor, dst, op=dist.ReduceOp.SUM):
+    n = _world('reduce')
+    _tensor('reduce', tensor)
+    _rank('reduce', 'dst', dst, n)
+    _op('reduce', op)
 
 
-def allreduce_cost(algorithm, n, size, bandwidth, latency=0.0):
-    """Return the model's seconds for an allreduce of `size` bytes on `n` ranks.
+def _check_ring_reduce_scatter(blocks, op=dist.ReduceOp.SUM):
+    _tensors('ring_reduce_scatter', 'blocks', blocks, _world('ring_reduce_scatter'))
+    _op('ring_reduce_scatter', op)
 
-    naive: rank 0 receives n-1 messages of `size` and sends n-1 back, one
-    after another through its link: 2 latencies + 2(n-1) size / bandwidth.
-    ring: 2(n-1) steps, each one latency and size/n bytes on every link at once.
-    """
+
+def _check_ring_all_gather(blocks):
+    _tensors('ring_all_gather', 'blocks', blocks, _world('ring_all_gather'))
+
+
+def _check_all_gather(tensor_list, tensor):
+    n = _world('all_gather')
+    _tensor('all_gather', tensor)
+    _tensors('all_gather', 'tensor_list', tensor_list, n, like=tensor)
+
+
+def _check_reduce_scatter(output, input_list, op=dist.ReduceOp.SUM):
+    n = _world('reduce_scatter')
+    _tensor('reduce_scatter', output, 'output')
+    _op('reduce_scatter', op)
+    if isinstance(input_list, (list, tuple)):  # inputs are cloned, so any layout will do
+        input_list = [t.contiguous() if isinstance(t, torch.Tensor) else t for t in input_list]
+    _tensors('reduce_scatter', 'input_list', input_list, n, like=output)
+
+
+def _check_allreduce(caller):
+    def check(tensor, op=dist.ReduceOp.SUM):
+        _world(caller)
+        _tensor(caller, tensor)
+        _op(caller, op)
+    return check
+
+
+def _check_allreduce_cost(algorithm, n, size, bandwidth, latency=0.0):
     if algorithm not in ('naive', 'ring'):
         raise ValueError(f"allreduce_cost: algorithm must be 'naive' or 'ring', got {algorithm!r}")
     numbers = (size, bandwidth, latency)
@@ -244,17 +135,127 @@ def allreduce_cost(algorithm, n, size, bandwidth, latency=0.0):
                          'bandwidth > 0 (bytes/s), '
                          f'latency >= 0; got n={n!r}, size={size!r}, bandwidth={bandwidth!r}, '
                          f'latency={latency!r}')
+
+
+def _check_bandwidths(size, seconds, n):
+    if not seconds > 0 or not n >= 1:
+        raise ValueError(f'bandwidths: need seconds > 0 and n >= 1, got {seconds!r} and {n!r}')
+
+
+# The algorithms: each is the `#@save` cell of notebook 7 that teaches it.
+
+@checked(_check_combine)
+def combine(a, b, op=dist.ReduceOp.SUM):
+    """Combine `b` into `a` in place with a reduce op: SUM, PRODUCT, MIN or MAX."""
+    if op == dist.ReduceOp.SUM:
+        return a.add_(b)
+    if op == dist.ReduceOp.PRODUCT:
+        return a.mul_(b)
+    if op == dist.ReduceOp.MIN:
+        return torch.minimum(a, b, out=a)
+    return torch.maximum(a, b, out=a)
+
+
+@checked(_check_broadcast)
+def broadcast(tensor, src):
+    """Copy `tensor` of rank `src` into `tensor` on every rank: `src` sends it to each in turn."""
+    if dist.get_rank() == src:
+        for dst in range(dist.get_world_size()):
+            if dst != src:
+                dist.send(tensor, dst)
+    else:
+        dist.recv(tensor, src)
+    return tensor
+
+
+@checked(_check_reduce)
+def reduce(tensor, dst, op=dist.ReduceOp.SUM):
+    """Combine `tensor` of every rank into `tensor` on rank `dst`; the others' stay unchanged."""
+    if dist.get_rank() != dst:
+        dist.send(tensor, dst)
+        return tensor
+    received = torch.empty_like(tensor)
+    for src in range(dist.get_world_size()):  # in rank order: the same rounding every run
+        if src != dst:
+            dist.recv(received, src)
+            combine(tensor, received, op)
+    return tensor
+
+
+@checked(_check_ring_reduce_scatter)
+def ring_reduce_scatter(blocks, op=dist.ReduceOp.SUM):
+    """Combine `blocks` (one per rank) around a ring: rank r ends with block r's total."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % n, (rank - 1) % n
+    for step in range(n - 1):
+        send, recv = (rank - step - 1) % n, (rank - step - 2) % n
+        received = torch.empty_like(blocks[recv])
+        request = dist.isend(blocks[send], right)  # post the send, then receive meanwhile
+        dist.recv(received, left)
+        request.wait()
+        combine(blocks[recv], received, op)
+    return blocks
+
+
+@checked(_check_ring_all_gather)
+def ring_all_gather(blocks):
+    """Pass complete blocks around a ring until every rank has all; rank r starts with block r."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % n, (rank - 1) % n
+    for step in range(n - 1):
+        send, recv = (rank - step) % n, (rank - step - 1) % n
+        request = dist.isend(blocks[send], right)
+        dist.recv(blocks[recv], left)
+        request.wait()
+    return blocks
+
+
+@checked(_check_all_gather)
+def all_gather(tensor_list, tensor):
+    """Fill `tensor_list[r]` with `tensor` of rank r, on every rank, around a ring."""
+    tensor_list[dist.get_rank()].copy_(tensor)
+    ring_all_gather(tensor_list)
+    return tensor_list
+
+
+@checked(_check_reduce_scatter)
+def reduce_scatter(output, input_list, op=dist.ReduceOp.SUM):
+    """Set `output` on rank r to input_list[r] combined over all ranks, around a ring."""
+    blocks = [t.clone() for t in input_list]  # as in torch.distributed, the inputs stay untouched
+    ring_reduce_scatter(blocks, op)
+    return output.copy_(blocks[dist.get_rank()])
+
+
+@checked(_check_allreduce('naive_allreduce'))
+def naive_allreduce(tensor, op=dist.ReduceOp.SUM):
+    """Combine `tensor` over all ranks in place: reduce to rank 0, then broadcast from it."""
+    reduce(tensor, 0, op)
+    return broadcast(tensor, 0)
+
+
+@checked(_check_allreduce('ring_allreduce'))
+def ring_allreduce(tensor, op=dist.ReduceOp.SUM):
+    """Combine `tensor` over all ranks in place: ring reduce-scatter, then ring all-gather."""
+    # n views of the flat tensor, their sizes differing by at most one (empty if numel < n)
+    blocks = tensor.view(-1).tensor_split(dist.get_world_size())
+    ring_reduce_scatter(blocks, op)
+    ring_all_gather(blocks)
+    return tensor
+
+
+@checked(_check_allreduce_cost)
+def allreduce_cost(algorithm, n, size, bandwidth, latency=0.0):
+    """Return the model's seconds for an allreduce of `size` bytes on `n` ranks."""
     if n == 1:
         return 0.0
-    if algorithm == 'naive':
+    if algorithm == 'naive':  # rank 0 receives n-1 tensors, then sends n-1, one after another
         return 2 * latency + 2 * (n - 1) * size / bandwidth
-    return 2 * (n - 1) * latency + 2 * (n - 1) / n * size / bandwidth
+    return 2 * (n - 1) * latency + 2 * (n - 1) / n * size / bandwidth  # 2(n-1) steps of size/n
 
 
+@checked(_check_bandwidths)
 def bandwidths(size, seconds, n):
     """Return (algbw, busbw) in bytes/s of an allreduce, as nccl-tests defines them."""
-    if seconds <= 0 or n < 1:
-        raise ValueError(f'bandwidths: need seconds > 0 and n >= 1, got {seconds!r} and {n!r}')
     algbw = size / seconds
     return algbw, algbw * 2 * (n - 1) / n
 
@@ -267,7 +268,7 @@ def allreduce_timings(sizes, repeats=5, min_bytes=1 << 22, max_iters=50):
     (at most `max_iters`), is the slowest rank's time, and the best of
     `repeats` is kept. Returns a list of dicts (method, bytes, seconds).
     """
-    _setup('allreduce_timings')
+    _world('allreduce_timings')
     positive_int(repeats, 'allreduce_timings: repeats')
     methods = {'naive': naive_allreduce, 'ring': ring_allreduce, 'built-in': dist.all_reduce}
     results = []

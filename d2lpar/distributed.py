@@ -7,6 +7,7 @@ process started by SLURM's `srun` finds `SLURM_PROCID`, `SLURM_LOCALID`,
 the torchrun names, so one script serves both launchers. `dist_env` reads the
 result, and a process started by neither is rank 0 of a world of size 1.
 """
+import contextlib
 import datetime
 import json
 import os
@@ -21,7 +22,8 @@ import torch
 from .devices import num_gpus
 
 __all__ = ['DistEnv', 'dist_env', 'expand_nodelist', 'torch_env_from_slurm',
-           'pick_backend', 'rank_device', 'default_timeout', 'emit_result', 'exit_now']
+           'pick_backend', 'rank_device', 'default_timeout', 'emit_result', 'exit_now',
+           'count_calls']
 
 BACKENDS = ('gloo', 'nccl', 'mpi')
 DEFAULT_MASTER_PORT = 29500
@@ -291,3 +293,34 @@ def exit_now(code=0):
     except (OSError, AttributeError):  # no C library to ask (an unusual platform)
         pass
     os._exit(code)
+
+
+@contextlib.contextmanager
+def count_calls(names=('send', 'recv', 'isend', 'irecv', 'all_reduce')):
+    """Count the calls of `torch.distributed.<name>` and the bytes of their tensors while in the block.
+
+    Yields {name: {'calls': k, 'bytes': b}}, where b sums the size of each call's
+    first argument (the tensor sent, received or reduced). The functions are
+    wrapped in the torch.distributed module for the duration of the block, so
+    every call written `dist.<name>(...)` is counted (the hand-written
+    collectives, MiniDDP); calls that C++ code makes directly, such as DDP's,
+    are not.
+    """
+    import torch.distributed as dist
+    counts = {name: {'calls': 0, 'bytes': 0} for name in names}
+    originals = {name: getattr(dist, name) for name in names}
+
+    def counting(name):
+        def call(tensor, *args, **kwargs):
+            counts[name]['calls'] += 1
+            counts[name]['bytes'] += tensor.numel() * tensor.element_size()
+            return originals[name](tensor, *args, **kwargs)
+        return call
+
+    for name in names:
+        setattr(dist, name, counting(name))
+    try:
+        yield counts
+    finally:
+        for name, fn in originals.items():
+            setattr(dist, name, fn)

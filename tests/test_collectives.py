@@ -11,6 +11,7 @@ import torch.multiprocessing as mp
 
 import d2lpar
 from d2lpar import collectives as C
+from d2lpar.distributed import count_calls
 
 OPS = [dist.ReduceOp.SUM, dist.ReduceOp.PRODUCT, dist.ReduceOp.MIN, dist.ReduceOp.MAX]
 DTYPES = [torch.float32, torch.float64, torch.int64, torch.int32]
@@ -91,29 +92,27 @@ def _check_all(rank, n):
 
 
 def _check_layouts_and_traffic(rank, n):
-    # Non-contiguous tensors are reduced through a copy and written back.
+    # A non-contiguous tensor cannot be sent in place: a clear error, and nothing sent.
     X = _data(rank, 6 * 5, torch.float64, seed=3).reshape(6, 5).t()
-    expected = X.clone()
-    dist.all_reduce(expected)
     for fn in (C.naive_allreduce, C.ring_allreduce):
-        actual = X.clone().t().contiguous().t()
-        assert not actual.is_contiguous()
-        fn(actual)
-        _assert_same(actual, expected)
-    # The bytes each rank moves are those of the cost model.
+        with pytest.raises(ValueError, match='tensor is not contiguous'):
+            fn(X)
+    # The bytes each rank moves are those of the cost model, counted at the calls.
     S = 12 * n * 4  # float32 bytes, divisible by n
-    naive, ring = {}, {}
-    C.naive_allreduce(torch.ones(12 * n), traffic=naive)
-    C.ring_allreduce(torch.ones(12 * n), traffic=ring)
-    through = 2 * (n - 1) * S if rank == 0 else 2 * S
-    assert naive['sent'] + naive['received'] == through
-    assert ring == {'sent': 2 * (n - 1) * S // n, 'received': 2 * (n - 1) * S // n}
+    with count_calls() as naive:
+        C.naive_allreduce(torch.ones(12 * n))
+    with count_calls() as ring:
+        C.ring_allreduce(torch.ones(12 * n))
+    sent = lambda c: c['send']['bytes'] + c['isend']['bytes']  # noqa: E731
+    received = lambda c: c['recv']['bytes'] + c['irecv']['bytes']  # noqa: E731
+    assert sent(naive) == ((n - 1) * S if rank == 0 else S) == received(naive)
+    assert sent(ring) == 2 * (n - 1) * S // n == received(ring)
+    assert ring['isend']['calls'] == ring['recv']['calls'] == 2 * (n - 1)
+    assert naive['all_reduce']['calls'] == ring['all_reduce']['calls'] == 0
     # Empty tensors and zero-length chunks move nothing and still agree.
     empty = torch.empty(0)
     C.ring_allreduce(empty)
     C.naive_allreduce(empty)
-
-
     _check_bad_input(rank, n)
 
 
@@ -133,6 +132,10 @@ def _check_bad_input(rank, n):
         C.ring_allreduce([1, 2])
     with pytest.raises(ValueError, match='not contiguous'):
         C.all_gather([torch.empty(4, 2).t()[0]] * n, X)
+    with pytest.raises(ValueError, match='op must be ReduceOp.SUM'):
+        C.reduce(X, 0, op='sum')
+    with pytest.raises(ValueError, match='blocks holds 1 tensors'):
+        C.ring_all_gather([X])
     # Nothing was sent by the failed calls: a real collective still matches up.
     dist.all_reduce(X)
     assert X.tolist() == [float(n)] * 4

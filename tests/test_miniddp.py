@@ -8,7 +8,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from d2lpar.miniddp import MiniDDP
+from d2lpar.distributed import count_calls
+from d2lpar.miniddp import BucketDDP, HookDDP, MiniDDP, make_buckets
 from test_collectives import spawn
 
 STEPS, BATCH = 4, 8
@@ -44,12 +45,19 @@ def _check_against_ddp(rank, n):
     whole = lambda s: [torch.cat(t) for t in zip(*(batch(r, s) for r in range(n)))]  # noqa: E731
     single = train(make_net(seed=0), STEPS, whole)
     num_params = len(list(net.parameters()))
-    for cap, sizes in [(1e-6, [1] * num_params), (0.005, None), (math.inf, [num_params])]:
-        mini = MiniDDP(copy.deepcopy(net), bucket_cap_mb=cap)
+    variants = [(HookDDP, {}, None)] + [
+        (cls, {'bucket_cap_mb': cap}, sizes) for cls in (BucketDDP, MiniDDP)
+        for cap, sizes in [(1e-6, [1] * num_params), (0.005, None), (math.inf, [num_params])]]
+    for cls, kwargs, sizes in variants:
+        wrapped = cls(copy.deepcopy(net), **kwargs)
+        buckets = [len(b) for b in getattr(wrapped, 'buckets', [[p] for p in net.parameters()])]
         if sizes is not None:
-            assert mini.bucket_sizes() == sizes
-        assert sum(mini.bucket_sizes()) == num_params
-        ours = train(mini, STEPS, lambda s: batch(rank, s), sync=mini.finish_sync)
+            assert buckets == sizes
+        assert sum(buckets) == num_params
+        with count_calls() as calls:
+            ours = train(wrapped, STEPS, lambda s: batch(rank, s), sync=wrapped.finish_sync)
+        # One all_reduce per parameter (HookDDP), then one per bucket.
+        assert calls['all_reduce']['calls'] == STEPS * len(buckets), (cls, kwargs)
         for p, q, r in zip(ours, ddp, single):
             torch.testing.assert_close(p, q)
             torch.testing.assert_close(p, r)
@@ -59,7 +67,7 @@ def _check_against_ddp(rank, n):
         dist.all_gather(gathered, flat)
         for other in gathered:
             assert torch.equal(other, flat)
-    assert 1 < len(MiniDDP(copy.deepcopy(net), bucket_cap_mb=0.005).bucket_sizes()) < num_params
+    assert 1 < len(MiniDDP(copy.deepcopy(net), bucket_cap_mb=0.005).buckets) < num_params
 
 
 def _check_misuse(rank, n):
@@ -76,6 +84,17 @@ def _check_misuse(rank, n):
         MiniDDP(nn.Linear(2, 2), bucket_cap_mb=0)
     with pytest.raises(TypeError, match='wraps an nn.Module'):
         MiniDDP(lambda x: x)
+    with pytest.raises(TypeError, match='HookDDP wraps an nn.Module'):
+        HookDDP(lambda x: x)
+    with pytest.raises(ValueError, match='BucketDDP: the module has no parameters that require'):
+        BucketDDP(nn.Linear(2, 2).requires_grad_(False))
+    with pytest.raises(ValueError, match='several dtypes or devices'):
+        make_buckets([torch.zeros(2), torch.zeros(2, dtype=torch.float64)], 25)
+    # BucketDDP's buckets are all-reduced in their hooks, but it too needs finish_sync().
+    bucketed = BucketDDP(nn.Linear(4, 2))
+    bucketed(torch.ones(3, 4)).sum().backward()
+    with pytest.raises(RuntimeError, match='BucketDDP: a second backward before finish_sync'):
+        bucketed(torch.ones(3, 4)).sum().backward()
 
 
 @pytest.mark.parametrize('n', [2, 3])
@@ -89,5 +108,17 @@ def test_miniddp_misuse():
 
 def test_miniddp_needs_a_process_group():
     assert not dist.is_initialized()
-    with pytest.raises(RuntimeError, match='init_process_group'):
-        MiniDDP(nn.Linear(2, 2))
+    for cls in (HookDDP, BucketDDP, MiniDDP):
+        with pytest.raises(RuntimeError, match=f'{cls.__name__}: no process group.*init_process_gr'):
+            cls(nn.Linear(2, 2))
+
+
+def test_buckets_by_hand():
+    # 40, 20480, 2048 and 40 bytes, in order. A cap of 0.01 MB (10485 bytes) closes a
+    # bucket before the parameter that would overflow it; one above the cap sits alone.
+    params = [torch.zeros(10), torch.zeros(5120), torch.zeros(512), torch.zeros(10)]
+    assert [len(b) for b in make_buckets(params, 0.01)] == [1, 1, 2]
+    assert [len(b) for b in make_buckets(params, 0.02)] == [2, 2]
+    assert [len(b) for b in make_buckets(params, math.inf)] == [4]
+    assert [len(b) for b in make_buckets(params, 1e-9)] == [1, 1, 1, 1]
+    assert make_buckets(params, 1)[0][1] is params[1]  # the parameters themselves, not copies

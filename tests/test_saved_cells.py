@@ -14,6 +14,10 @@ REQUIRED = {
     '03_data_parallel': ['scatter_inputs', 'Replica', 'replicate', 'parallel_apply', 'gather',
                          'data_parallel', 'HandDataParallel', 'save_checkpoint',
                          'load_state_dict_flexible'],
+    '07_collectives': ['combine', 'broadcast', 'reduce', 'naive_allreduce', 'ring_reduce_scatter',
+                       'ring_all_gather', 'all_gather', 'reduce_scatter', 'ring_allreduce',
+                       'allreduce_cost', 'bandwidths', 'HookDDP', 'make_buckets', 'BucketDDP',
+                       'MiniDDP'],
 }
 
 

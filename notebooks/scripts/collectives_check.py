@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from d2lpar import collectives as C
-from d2lpar.distributed import default_timeout, emit_result
+from d2lpar.distributed import count_calls, default_timeout, emit_result
 
 dist.init_process_group('gloo', timeout=default_timeout())
 rank, n = dist.get_rank(), dist.get_world_size()
@@ -65,12 +65,16 @@ for numel in (n * 1000, n * 1000 + 1, n - 1):  # divisible by n, not divisible, 
             checks.append({'collective': name, 'numel': numel, 'dtype': str(dtype)[6:],
                            'max_diff': diff})
 
-# Bytes each rank sends and receives for a message of S bytes (S divisible by n).
+# Bytes each rank sends and receives for a message of S bytes (S divisible by n),
+# counted at every call of dist.send, recv, isend and irecv while the allreduce runs.
 S = 4 * 1000 * n
 traffic = {'S': S}
 for name, fn in (('naive', C.naive_allreduce), ('ring', C.ring_allreduce)):
-    traffic[name] = {'sent': 0, 'received': 0}
-    fn(torch.zeros(S // 4), traffic=traffic[name])
+    with count_calls() as calls:
+        fn(torch.zeros(S // 4))
+    traffic[name] = {'sent': calls['send']['bytes'] + calls['isend']['bytes'],
+                     'received': calls['recv']['bytes'] + calls['irecv']['bytes'],
+                     'messages': sum(calls[f]['calls'] for f in ('send', 'isend'))}
 print(f'{len(checks)} comparisons equal to torch.distributed; for S = {S} bytes this rank '
       f'sent/received: naive {traffic["naive"]["sent"]}/{traffic["naive"]["received"]}, '
       f'ring {traffic["ring"]["sent"]}/{traffic["ring"]["received"]}')
