@@ -1,11 +1,22 @@
 """Argument checks shared by the modules, so every caller words an error the same way."""
 import functools
+import math
 
 
 def positive_int(value, name, hint=''):
     """Return `value` if it is a positive int (a bool is not), else raise a ValueError naming it."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f'{name} must be a positive int, got {value!r}{hint}')
+    return value
+
+
+def finite_number(value, name, caller, positive=False):
+    """Return `value` if it is a finite int or float (>= 0, or > 0 if `positive`), else raise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f'{caller}: {name} must be a number, got {value!r}')
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        bound = '> 0' if positive else '>= 0'
+        raise ValueError(f'{caller}: {name} must be a finite number {bound}, got {value!r}')
     return value
 
 

@@ -15,7 +15,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from ._checks import checked, positive_int
+from ._checks import checked, finite_number, positive_int
 
 __all__ = ['combine', 'broadcast', 'reduce', 'ring_reduce_scatter', 'ring_all_gather',
            'all_gather', 'reduce_scatter', 'naive_allreduce', 'ring_allreduce',
@@ -125,21 +125,19 @@ def _check_allreduce(caller):
 
 
 def _check_allreduce_cost(algorithm, n, size, bandwidth, latency=0.0):
+    caller = 'allreduce_cost'
     if algorithm not in ('naive', 'ring'):
-        raise ValueError(f"allreduce_cost: algorithm must be 'naive' or 'ring', got {algorithm!r}")
-    numbers = (size, bandwidth, latency)
-    if (not isinstance(n, int) or isinstance(n, bool) or n < 1
-            or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in numbers)
-            or size < 0 or bandwidth <= 0 or latency < 0):
-        raise ValueError('allreduce_cost: need an int n >= 1 and numbers size >= 0 (bytes), '
-                         'bandwidth > 0 (bytes/s), '
-                         f'latency >= 0; got n={n!r}, size={size!r}, bandwidth={bandwidth!r}, '
-                         f'latency={latency!r}')
+        raise ValueError(f"{caller}: algorithm must be 'naive' or 'ring', got {algorithm!r}")
+    positive_int(n, f'{caller}: n (the number of processes)')
+    finite_number(size, 'size (bytes)', caller)
+    finite_number(bandwidth, 'bandwidth (bytes/s)', caller, positive=True)
+    finite_number(latency, 'latency (s)', caller)
 
 
 def _check_bandwidths(size, seconds, n):
-    if not seconds > 0 or not n >= 1:
-        raise ValueError(f'bandwidths: need seconds > 0 and n >= 1, got {seconds!r} and {n!r}')
+    positive_int(n, 'bandwidths: n (the number of processes)')
+    finite_number(size, 'size (bytes)', 'bandwidths')
+    finite_number(seconds, 'seconds', 'bandwidths', positive=True)
 
 
 # The algorithms: each is the `#@save` cell of notebook 7 that teaches it.

@@ -166,9 +166,19 @@ def test_cost_model_by_hand():
     assert C.bandwidths(100, 2.0, 4) == (50.0, 75.0)
     with pytest.raises(ValueError, match="'naive' or 'ring'"):
         C.allreduce_cost('tree', 4, MB, 1.0)
-    with pytest.raises(ValueError, match="size='1MB'"):
+    with pytest.raises(TypeError, match="size .bytes. must be a number, got '1MB'"):
         C.allreduce_cost('ring', 4, '1MB', 1.0)
-    with pytest.raises(ValueError, match='n=True'):
+    with pytest.raises(ValueError, match='n .the number of processes. must be a positive int, got True'):
         C.allreduce_cost('ring', True, MB, 1.0)
-    with pytest.raises(ValueError, match='seconds > 0'):
+    with pytest.raises(ValueError, match='seconds must be a finite number > 0'):
         C.bandwidths(100, 0.0, 4)
+    # NaN and infinity are refused rather than turned into a NaN or zero cost
+    for bad in (float('nan'), float('inf')):
+        with pytest.raises(ValueError, match='bandwidth .bytes/s. must be a finite number > 0'):
+            C.allreduce_cost('ring', 4, MB, bad)
+        with pytest.raises(ValueError, match='latency .s. must be a finite number >= 0'):
+            C.allreduce_cost('ring', 4, MB, 1.0, latency=bad)
+        with pytest.raises(ValueError, match='seconds must be a finite number > 0'):
+            C.bandwidths(100, bad, 2)
+    with pytest.raises(TypeError, match="size .bytes. must be a number, got 'a'"):
+        C.bandwidths('a', 1, 2)
