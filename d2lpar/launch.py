@@ -32,6 +32,7 @@ launches of Python processes that have died left behind. `launched_processes()`
 lists what is left (it should be nothing) and `end_processes` ends it; both read
 /proc on Linux and `ps` elsewhere. Windows is not supported (use WSL there).
 """
+import errno
 import json
 import os
 import queue
@@ -215,8 +216,8 @@ class LaunchResult:
                 why += f' (rank {first} failed first)'
             tail = '\n'.join(f'[{_label(name)}] {line}' for name in _stream_order(self.output)
                              for line in self.output[name][-15:])
-            raise RuntimeError(f'launch {why}: {self.commands[0]}\n(last lines of each '
-                               f'stream)\n{tail}')
+            what = self.commands[0] if self.commands else 'nothing started'
+            raise RuntimeError(f'launch {why}: {what}\n(last lines of each stream)\n{tail}')
         return self
 
 
@@ -486,6 +487,8 @@ class _Streams:
         self.offsets, self.partial = {}, {}
 
     def add(self, name, line):
+        if _FORGIVEN_BIND in line:  # expected: the launcher hosts the store (_loopback_store)
+            return
         self.output.setdefault(name, []).append(line)
         if self.echo and not (isinstance(name, str) and _internal_frame(line)):
             print(f'[{_label(name)}] {line}', flush=True)
@@ -531,9 +534,11 @@ def _commands(script, nproc, nnodes, args, launcher, port, work):
     if nnodes == 1:
         return [(launcher, common + ['--nnodes=1', '--node-rank=0', '--master-addr=127.0.0.1',
                                        f'--master-port={port}', *tail])]
-    rdzv = [f'--nnodes={nnodes}', '--rdzv-backend=c10d', f'--rdzv-endpoint=127.0.0.1:{port}',
-            f'--rdzv-id={os.path.basename(work)}']
-    return [(f'node{i}', common + rdzv + tail) for i in range(nnodes)]
+    # The static form (--node-rank): with c10d, the first node would host the rendezvous
+    # and the workers' store itself, listening on every interface.
+    return [(f'node{i}', common + [f'--nnodes={nnodes}', f'--node-rank={i}',
+                                   '--master-addr=127.0.0.1', f'--master-port={port}', *tail])
+            for i in range(nnodes)]
 
 
 def _shell_line(argv, script, work):
@@ -596,6 +601,47 @@ def _collect_results(result_dir):
     return [record for _, record in sorted(records, key=lambda item: item[0])]
 
 
+# What torch logs once a process finds the launcher's store where it would have hosted one.
+_FORGIVEN_BIND = 'TORCHELASTIC_USE_AGENT_STORE is enabled so ignoring the error'
+
+
+def _loopback_store(port, timeout):
+    """Host the launch's rendezvous store on 127.0.0.1 only; return (store, port).
+
+    Left to itself, torchrun's agent (or rank 0 under mp.spawn) hosts the store
+    with TCPStore, which listens on every interface (*:PORT): anyone who can
+    reach the machine could reach the job. TCPStore listens where it is told
+    only when handed a listening socket (`master_listen_fd`), so the launcher
+    binds one to 127.0.0.1 and hosts the store itself for as long as the launch
+    runs. The agents and ranks find it through TORCHELASTIC_USE_AGENT_STORE=True
+    with MASTER_ADDR/MASTER_PORT naming it: TCPStore then treats the failed bind
+    of a would-be server as "the agent serves this store" and connects as a
+    client (torch/distributed/rendezvous.py, `_agent_store_serves`).
+    """
+    import datetime
+
+    import torch.distributed as dist
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        if os.name == 'posix':  # as TCPStore does: old TIME_WAIT connections do not count
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(('127.0.0.1', port or 0))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    port = sock.getsockname()[1]
+    fd = sock.detach()  # the store owns the socket now and closes it when it ends
+    try:
+        store = dist.TCPStore('127.0.0.1', port, None, True, wait_for_workers=False,
+                              multi_tenant=True, master_listen_fd=fd,
+                              timeout=datetime.timedelta(seconds=timeout))
+    except BaseException:
+        os.close(fd)
+        raise
+    return store, port
+
+
 def _collect_exits(exit_dir):
     exits = {}
     if os.path.isdir(exit_dir):
@@ -613,9 +659,10 @@ def _launch_once(script, nproc, nnodes, args, timeout, env, echo, launcher, port
     suffix = os.path.basename(work)[len('d2lpar-launch-'):]
     launch_id = f'{os.getpid()}-{suffix}-{uuid.uuid4().hex[:6]}'
     agents, readers = [], []
-    streams = None
+    streams = store = None
     start = time.monotonic()
     timed_out = False
+    commands = []
     try:
         log_dir, result_dir = os.path.join(work, 'logs'), os.path.join(work, 'results')
         exit_dir = os.path.join(work, 'exits')
@@ -624,22 +671,32 @@ def _launch_once(script, nproc, nnodes, args, timeout, env, echo, launcher, port
         os.mkdir(os.path.join(work, 'shim'))
         with open(os.path.join(work, 'shim', script.name), 'w') as f:
             f.write(_RANK_SHIM)
-        port = free_port() if port is None else port
+        streams = _Streams(log_dir, echo)
+        try:
+            store, port = _loopback_store(port, timeout)
+        except OSError as e:
+            streams.add('d2lpar.launch', f'cannot listen on 127.0.0.1:{port}: {e.strerror} '
+                                         f'({errno.errorcode.get(e.errno, e.errno)}): another '
+                                         f'program uses that port; pass another port, or '
+                                         f'port=None for a free one')
+            return LaunchResult(1, streams.output, [], False, port, [], 0.0, launch_id)
         child_env = dict(os.environ)
         child_env.update({'OMP_NUM_THREADS': '1', MARKER: launch_id,
                           'D2LPAR_LOG_DIR': log_dir, 'D2LPAR_RESULT_DIR': result_dir,
                           'D2LPAR_EXIT_DIR': exit_dir,
                           'D2LPAR_DIST_TIMEOUT': f'{max(1.0, 0.75 * timeout):g}',
-                          'TORCH_ELASTIC_SHUTDOWN_TIMEOUT': str(max(1, int(grace / 2)))})
-        if launcher == 'python':
-            child_env.update({'MASTER_ADDR': '127.0.0.1', 'MASTER_PORT': str(port)})
+                          'TORCH_ELASTIC_SHUTDOWN_TIMEOUT': str(max(1, int(grace / 2))),
+                          # Everything on loopback: the store (see _loopback_store), and the
+                          # sockets gloo and NCCL open between ranks.
+                          'TORCHELASTIC_USE_AGENT_STORE': 'True', 'MASTER_ADDR': '127.0.0.1',
+                          'MASTER_PORT': str(port), 'GLOO_SOCKET_IFNAME': loopback_interface(),
+                          'NCCL_SOCKET_IFNAME': loopback_interface()})
         for key, value in env.items():
             if value is None:
                 child_env.pop(key, None)
             else:
                 child_env[key] = value
         commands = _commands(script, nproc, nnodes, args, launcher, port, work)
-        streams = _Streams(log_dir, echo)
         _end_orphans(lambda text: streams.add('d2lpar.launch', text))
         for name, argv in commands:
             agent = _popen(argv, child_env)
@@ -663,6 +720,7 @@ def _launch_once(script, nproc, nnodes, args, timeout, env, echo, launcher, port
     finally:
         try:
             _shutdown(agents, launch_id, grace)
+            store = None  # closes the store and its port: it lives no longer than the launch
             for reader in readers:
                 reader.join(timeout=5)
             if streams is not None and os.path.isdir(os.path.join(work, 'logs')):
@@ -679,12 +737,6 @@ def _launch_once(script, nproc, nnodes, args, timeout, env, echo, launcher, port
                         time.monotonic() - start, launch_id, exits)
 
 
-def _port_clash(result):
-    return not result.timed_out and any(
-        'EADDRINUSE' in line or 'ddress already in use' in line
-        for name, lines in result.output.items() if not isinstance(name, int) for line in lines)
-
-
 def launch(script, nproc=2, args=(), timeout=120, env=None, echo=True, *, nnodes=1,
            launcher='torchrun', port=None, grace=5.0):
     """Run `script` as `nproc` processes (per node) through torchrun; return a LaunchResult.
@@ -692,13 +744,16 @@ def launch(script, nproc=2, args=(), timeout=120, env=None, echo=True, *, nnodes
     Each rank's output is printed as it comes, prefixed by its rank (`echo`).
     `timeout` (s) bounds the whole launch, and D2LPAR_DIST_TIMEOUT (read by
     `d2lpar.distributed.default_timeout`) is set to 0.75 of it unless `env`
-    sets it; `env` adds variables (None unsets one); `nnodes` > 1 starts that many torchrun "nodes" on 127.0.0.1 meeting at
-    a c10d rendezvous endpoint. `launcher` is 'torchrun', the deprecated
-    'torch.distributed.launch', or 'python' (one plain process that starts its
-    own workers, e.g. with mp.spawn; MASTER_ADDR/MASTER_PORT are set for it).
-    `port` defaults to a free one (the launch retries if another program takes
-    it first). On a crash, a timeout or KeyboardInterrupt every process of the
-    launch is ended (SIGTERM to torchrun, `grace` s, then SIGKILL); an
+    sets it; `env` adds variables (None unsets one); `nnodes` > 1 starts that
+    many torchrun "nodes" on 127.0.0.1 (`--node-rank` 0, 1, ...). `launcher` is
+    'torchrun', the deprecated 'torch.distributed.launch', or 'python' (one
+    plain process that starts its own workers, e.g. with mp.spawn;
+    MASTER_ADDR/MASTER_PORT are set for it). Everything listens on loopback
+    only: the launcher hosts the rendezvous store on 127.0.0.1:`port` (a free
+    port by default) while the launch runs, and gloo and NCCL are told to use
+    the loopback interface (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME; `env` can
+    override them). On a crash, a timeout or KeyboardInterrupt every process of
+    the launch is ended (SIGTERM to torchrun, `grace` s, then SIGKILL); an
     interrupt is re-raised afterwards.
     """
     script = _check_script(script)
@@ -716,11 +771,4 @@ def launch(script, nproc=2, args=(), timeout=120, env=None, echo=True, *, nnodes
     if os.name != 'posix':
         raise OSError('d2lpar.launch needs Linux or macOS (on Windows use WSL, or run '
                       'torchrun yourself in a terminal)')
-    for attempt in range(3 if port is None else 1):
-        result = _launch_once(script, nproc, nnodes, args, timeout, env, echo, launcher, port,
-                              grace)
-        if port is not None or result.ok or not _port_clash(result) or attempt == 2:
-            return result
-        if echo:
-            print(f'[d2lpar.launch] port {result.port} was taken meanwhile: retrying', flush=True)
-    return result
+    return _launch_once(script, nproc, nnodes, args, timeout, env, echo, launcher, port, grace)

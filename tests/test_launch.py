@@ -321,26 +321,81 @@ def test_two_launches_at_once_stay_apart():
 
 
 @posix_only
-def test_a_port_in_use_fails_fast_and_a_taken_free_port_is_retried(monkeypatch):
+def test_a_port_in_use_fails_fast_and_starts_nothing():
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
         s.listen()
         taken = s.getsockname()[1]
         assert not port_is_free(taken)
+        start = time.monotonic()
         result = launch(PROBE, nproc=1, args=['--mode', 'quick'], timeout=120, port=taken,
                         echo=False)
-        assert not result.ok and not result.timed_out
-        assert any('EADDRINUSE' in line for line in result.output['torchrun'])
-        # another program grabs the port launch picked: it notices and picks another
-        module = sys.modules['d2lpar.launch']
-        picks = iter([taken])
-        monkeypatch.setattr(module, 'free_port', lambda: next(picks, None) or free_port())
-        result = launch(PROBE, nproc=1, args=['--mode', 'quick'], timeout=120, echo=False)
-        assert result.ok and result.port != taken
-        assert result.output[0][0].startswith('hello from rank 0')
+        assert time.monotonic() - start < 10
+        assert not result.ok and not result.timed_out and result.commands == []
+        message = result.output['d2lpar.launch'][0]
+        assert f'cannot listen on 127.0.0.1:{taken}' in message and 'EADDRINUSE' in message
+        with pytest.raises(RuntimeError, match='nothing started'):
+            result.check()
+    # the default port is one the launcher already holds when torchrun starts: no race
+    result = launch(PROBE, nproc=1, args=['--mode', 'quick'], timeout=120, echo=False)
+    assert result.ok and result.output[0][0].startswith('hello from rank 0')
 
 
 def test_end_processes_wants_what_launched_processes_returns():
     assert end_processes([]) == []
     with pytest.raises(TypeError, match='pass the processes d2lpar.launched_processes'):
         end_processes([os.getpid()])
+
+
+LOOPBACK = {'0100007F',  # 127.0.0.1 as /proc/net/tcp writes it
+            '00000000000000000000000001000000',  # ::1
+            '0000000000000000FFFF00000100007F'}  # ::ffff:127.0.0.1
+
+
+def listening_sockets(pids):
+    """Return {(pid, address, port)} of the TCP sockets the processes `pids` listen on."""
+    listening = {}
+    for table in ('/proc/net/tcp', '/proc/net/tcp6'):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == '0A':  # LISTEN
+                address, port = fields[1].rsplit(':', 1)
+                listening[fields[9]] = (address, int(port, 16))
+    found = set()
+    for pid in pids:
+        try:
+            fds = os.listdir(f'/proc/{pid}/fd')
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f'/proc/{pid}/fd/{fd}')
+            except OSError:
+                continue
+            if target.startswith('socket:[') and target[8:-1] in listening:
+                found.add((pid, *listening[target[8:-1]]))
+    return found
+
+
+@pytest.mark.skipif(not os.path.isdir('/proc/self'), reason='reads /proc/net/tcp')
+@pytest.mark.parametrize('nnodes', [1, 2])
+def test_a_launch_listens_on_loopback_only(nnodes):
+    outcome = {}
+    thread = threading.Thread(target=lambda: outcome.update(result=launch(
+        PROBE, nproc=2 // nnodes, nnodes=nnodes, args=['--mode', 'listen'], timeout=120,
+        echo=False)))
+    thread.start()
+    seen = set()
+    while thread.is_alive():  # the launcher (this process) hosts the store; ranks hold gloo's
+        seen |= listening_sockets([os.getpid()] + [p.pid for p in launched_processes()])
+        time.sleep(0.2)
+    thread.join()
+    result = outcome['result']
+    assert result.ok, result.text()
+    exposed = sorted((pid, address, port) for pid, address, port in seen
+                     if address not in LOOPBACK)
+    assert exposed == [], f'listening beyond loopback: {exposed}'
+    assert any(port == result.port and pid == os.getpid() for pid, _, port in seen)
+    assert len({port for _, _, port in seen}) >= 2  # the store and gloo's pair listeners
+    assert not any('TORCHELASTIC_USE_AGENT_STORE' in line for line in result.text().splitlines())
+    assert port_is_free(result.port)  # the store ended with the launch

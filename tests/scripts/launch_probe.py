@@ -11,7 +11,7 @@ import time
 
 parser = argparse.ArgumentParser()
 parser.add_argument('--mode', choices=['ok', 'quick', 'crash', 'hang', 'stubborn', 'dist',
-                                       'cprint'], default='ok')
+                                       'cprint', 'listen'], default='ok')
 parser.add_argument('--crash-rank', type=int, default=1, help="the rank that crashes in 'crash'")
 parser.add_argument('--local-rank', '--local_rank', type=int, default=None)
 args = parser.parse_args()
@@ -44,6 +44,17 @@ elif args.mode in ('hang', 'stubborn'):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     print('sleeping', flush=True)
     time.sleep(300)
+elif args.mode == 'listen':  # hold the store and gloo's sockets open for a while
+    import torch
+    import torch.distributed as dist
+    from d2lpar.distributed import default_timeout
+    dist.init_process_group('gloo', timeout=default_timeout())
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    print(f'joined: all_reduce gave {t.item():g}', flush=True)
+    time.sleep(6)
+    dist.barrier()
+    dist.destroy_process_group()
 elif args.mode == 'dist':
     import torch
     import torch.distributed as dist
