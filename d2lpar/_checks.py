@@ -1,12 +1,31 @@
 """Argument checks shared by the modules, so every caller words an error the same way."""
 import functools
 
+import torch
+
 
 def positive_int(value, name, hint=''):
     """Return `value` if it is a positive int (a bool is not), else raise a ValueError naming it."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f'{name} must be a positive int, got {value!r}{hint}')
     return value
+
+
+def existing_device(device, caller, name='device'):
+    """Return `device` as a torch.device, or raise a clear error if it is no device or a missing GPU."""
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise TypeError(f"{caller}: {name} must be a device such as 'cpu' or 'cuda:0', got "
+                        f'{device!r} ({str(e).splitlines()[0]})') from None
+    if device.type == 'cuda':
+        count = torch.cuda.device_count()
+        if count == 0 or (device.index or 0) >= count:
+            have = 'no GPU' if count == 0 else f'{count} GPU(s), cuda:0 to cuda:{count - 1}'
+            raise ValueError(f'{caller}: {name} {device} does not exist: this machine has {have} '
+                             '(d2lpar.num_gpus() counts them, nvidia-smi lists them). Use '
+                             "d2lpar.try_gpu(i), which falls back to the CPU, or 'cpu'")
+    return device
 
 
 def checked(check):
