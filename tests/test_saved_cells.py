@@ -11,6 +11,8 @@ CHAPTERS = sorted(NOTEBOOKS.glob('[0-9][0-9]_*.ipynb'))
 
 # What each notebook must write in its own cells (the algorithms it teaches).
 REQUIRED = {
+    '06_lenet_data_parallel': ['init_lenet_params', 'lenet', 'get_params', 'allreduce', 'scatter',
+                               'split_batch', 'train_batch', 'train'],
 }
 
 
