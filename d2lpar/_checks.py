@@ -2,6 +2,8 @@
 import functools
 import math
 
+import torch
+
 
 def positive_int(value, name, hint=''):
     """Return `value` if it is a positive int (a bool is not), else raise a ValueError naming it."""
@@ -18,6 +20,24 @@ def finite_number(value, name, caller, positive=False):
         bound = '> 0' if positive else '>= 0'
         raise ValueError(f'{caller}: {name} must be a finite number {bound}, got {value!r}')
     return value
+
+
+def existing_device(device, caller, name='device'):
+    """Return `device` as a torch.device, or raise a clear error if it is no device or a missing GPU."""
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise TypeError(f"{caller}: {name} must be a device such as 'cpu' or 'cuda:0', got "
+                        f'{device!r} ({str(e).splitlines()[0]})') from None
+    if device.type == 'cuda':
+        # As d2lpar.num_gpus: GPUs that CUDA cannot start (a driver too old) count as none.
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0 or (device.index or 0) >= count:
+            have = 'no GPU' if count == 0 else f'{count} GPU(s), cuda:0 to cuda:{count - 1}'
+            raise ValueError(f'{caller}: {name} {device} does not exist: this machine has {have} '
+                             '(d2lpar.num_gpus() counts them, nvidia-smi lists them). Use '
+                             "d2lpar.try_gpu(i), which falls back to the CPU, or 'cpu'")
+    return device
 
 
 def checked(check):

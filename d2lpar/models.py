@@ -1,30 +1,76 @@
-"""Models: the functional LeNet of the from-scratch notebook, and evaluation."""
+"""Models: the functional LeNet of notebook 6 (its `#@save` cells), and evaluation."""
+import math
+
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ._checks import checked, existing_device
 from .timing import Accumulator
 
 __all__ = ['init_lenet_params', 'lenet', 'accuracy', 'evaluate_accuracy_gpu']
 
+# What init_lenet_params returns, for the checks (tests/test_models.py compares the two).
 LENET_SHAPES = ((20, 1, 3, 3), (20,), (50, 20, 5, 5), (50,),
                 (800, 128), (128,), (128, 10), (10,))
 
 
+def _check_init_lenet_params(scale=0.1, seed=None):
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool) \
+            or not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f'init_lenet_params: scale must be a positive number, got {scale!r}')
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise TypeError(f'init_lenet_params: seed must be an int or None, got {seed!r}')
+
+
+@checked(_check_init_lenet_params)
 def init_lenet_params(scale=0.1, seed=None):
-    """Return LeNet's parameters as plain tensors: weights ~ N(0, scale^2), biases 0."""
-    # d2l draws with scale 0.01, which leaves the signal so small that plain SGD
-    # sits at chance for most of the first epoch; 0.1 starts learning at once.
+    """Return LeNet's eight parameters: weights drawn from N(0, scale²), biases zero."""
     g = torch.Generator().manual_seed(seed) if seed is not None else None
-    return [torch.randn(shape, generator=g) * scale if len(shape) > 1 else torch.zeros(shape)
-            for shape in LENET_SHAPES]
+    W1 = torch.randn(20, 1, 3, 3, generator=g) * scale
+    b1 = torch.zeros(20)
+    W2 = torch.randn(50, 20, 5, 5, generator=g) * scale
+    b2 = torch.zeros(50)
+    W3 = torch.randn(800, 128, generator=g) * scale
+    b3 = torch.zeros(128)
+    W4 = torch.randn(128, 10, generator=g) * scale
+    b4 = torch.zeros(10)
+    return [W1, b1, W2, b2, W3, b3, W4, b4]
 
 
+def _check_lenet(X, params):
+    if isinstance(params, torch.Tensor) or not hasattr(params, '__len__') \
+            or len(params) != len(LENET_SHAPES):
+        got = len(params) if hasattr(params, '__len__') and not isinstance(params, torch.Tensor) \
+            else type(params).__name__
+        raise ValueError(f'lenet expects {len(LENET_SHAPES)} parameter tensors '
+                         f'(see init_lenet_params), got {got}')
+    for i, (p, shape) in enumerate(zip(params, LENET_SHAPES)):
+        if not isinstance(p, torch.Tensor) or tuple(p.shape) != shape:
+            got = tuple(p.shape) if isinstance(p, torch.Tensor) else type(p).__name__
+            raise ValueError(f'lenet: params[{i}] must be a tensor of shape {shape}, got {got}; '
+                             'make the parameters with init_lenet_params')
+    if not isinstance(X, torch.Tensor):
+        raise TypeError(f'lenet: X must be a tensor, got {type(X).__name__}')
+    if X.dim() != 4 or tuple(X.shape[1:]) != (1, 28, 28):
+        if X.dim() == 3 and tuple(X.shape[1:]) == (28, 28):
+            hint = 'add the channel dimension with X.unsqueeze(1)'
+        elif X.dim() == 4 and X.shape[1] == 1:
+            hint = ('load Fashion-MNIST at its own size, without resize '
+                    '(d2lpar.load_data_fashion_mnist(batch_size))')
+        else:
+            hint = 'reshape the batch to one-channel 28x28 images'
+        raise ValueError(f'lenet expects X of shape N x 1 x 28 x 28 (a batch of one-channel '
+                         f'28x28 images), got {tuple(X.shape)}; {hint}')
+    if X.device != params[0].device or X.dtype != params[0].dtype:
+        raise ValueError(f'lenet: X is {X.dtype} on {X.device} but the parameters are '
+                         f'{params[0].dtype} on {params[0].device}; move the batch with '
+                         'X.to(params[0].device, params[0].dtype)')
+
+
+@checked(_check_lenet)
 def lenet(X, params):
     """Run LeNet on a batch `X` of shape (n, 1, 28, 28) with raw parameter tensors."""
-    if len(params) != len(LENET_SHAPES):
-        raise ValueError(f'lenet expects {len(LENET_SHAPES)} parameter tensors '
-                         f'(see init_lenet_params), got {len(params)}')
     h1 = F.avg_pool2d(F.relu(F.conv2d(X, params[0], params[1])), kernel_size=2, stride=2)
     h2 = F.avg_pool2d(F.relu(F.conv2d(h1, params[2], params[3])), kernel_size=2, stride=2)
     h2 = h2.reshape(h2.shape[0], -1)
@@ -39,6 +85,15 @@ def accuracy(y_hat, y):
     return float((y_hat.type(y.dtype) == y).sum())
 
 
+def _check_evaluate_accuracy_gpu(net, data_iter, device=None):
+    if not callable(net):
+        raise TypeError(f'evaluate_accuracy_gpu: net must be a model or a function of X, '
+                        f'got {type(net).__name__}')
+    if device is not None:
+        return (net, data_iter, existing_device(device, 'evaluate_accuracy_gpu')), {}
+
+
+@checked(_check_evaluate_accuracy_gpu)
 def evaluate_accuracy_gpu(net, data_iter, device=None):
     """Compute the accuracy for a model on a dataset using a GPU (or any device)."""
     if isinstance(net, nn.Module):

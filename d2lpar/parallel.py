@@ -1,5 +1,11 @@
-"""Parallel primitives for single-process data parallelism across device slots."""
+"""Parallel primitives for single-process data parallelism across device slots (notebook 6).
+
+The functions are the code notebook 6 writes in its `#@save` cells; their
+`@checked(...)` decorators validate the arguments first.
+"""
 import torch
+
+from ._checks import checked, existing_device
 
 __all__ = ['get_params', 'scatter', 'split_batch', 'allreduce']
 
@@ -12,34 +18,34 @@ def _check_devices(devices, caller):
         raise ValueError(f'{caller}: the device list is empty; pass at least one '
                          f'device, e.g. d2lpar.device_slots(2)')
     try:
-        return [torch.device(d) for d in devices]
+        devices = [torch.device(d) for d in devices]
     except (RuntimeError, TypeError) as e:
         raise TypeError(f'{caller}: {devices!r} is not a list of devices ({e})') from None
+    return [existing_device(d, caller, f'devices[{i}]') for i, d in enumerate(devices)]
 
 
-def get_params(params, device):
-    """Copy parameters to `device` as new leaf tensors that require grad.
-
-    The copy is unconditional: `p.to(device)` returns `p` itself when it is
-    already there, and two "replicas" sharing one tensor would accumulate each
-    other's gradients.
-    """
+def _check_get_params(params, device):
     if isinstance(params, torch.Tensor) or not hasattr(params, '__iter__'):
         raise TypeError(f'get_params: params must be a list of tensors, got {type(params).__name__}')
     params = list(params)
     for i, p in enumerate(params):
         if not isinstance(p, torch.Tensor):
             raise TypeError(f'get_params: params[{i}] is a {type(p).__name__}, not a tensor')
-    device = torch.device(device)
-    return [p.detach().to(device, copy=True).requires_grad_() for p in params]
+    return (params, existing_device(device, 'get_params')), {}
 
 
-def scatter(data, devices):
-    """Split `data` along dim 0 into one part per device, as torch.chunk does.
+@checked(_check_get_params)
+def get_params(params, device):
+    """Copy the parameters to `device` as new leaf tensors that require gradients."""
+    # copy=True: p.to(device) returns p itself when it is already on device,
+    # and two replicas sharing one tensor would add up each other's gradients.
+    new_params = [p.detach().to(device, copy=True) for p in params]
+    for p in new_params:
+        p.requires_grad_()
+    return new_params
 
-    Works for CPU slots too (torch.nn.parallel.scatter accepts GPUs only).
-    The parts of a CPU tensor kept on the CPU are views of `data`.
-    """
+
+def _check_scatter(data, devices):
     devices = _check_devices(devices, 'scatter')
     if not isinstance(data, torch.Tensor):
         raise TypeError(f'scatter: data must be a tensor, got {type(data).__name__}')
@@ -49,25 +55,36 @@ def scatter(data, devices):
     if n < k:
         raise ValueError(f'scatter: {n} rows cannot be split across {k} devices; '
                          f'use a batch of at least {k} rows or fewer devices')
-    parts = torch.chunk(data, k)
-    if len(parts) < k:
+    parts = len(torch.chunk(torch.empty(n, 0), k))
+    if parts < k:
         # torch.chunk makes parts of ceil(n/k) rows, which can run out early
         # (5 rows, 4 devices -> 2+2+1). nn.DataParallel would then quietly use
         # fewer devices; saying so is better than changing the experiment.
-        raise ValueError(f'scatter: torch.chunk splits {n} rows into only {len(parts)} '
+        raise ValueError(f'scatter: torch.chunk splits {n} rows into only {parts} '
                          f'parts for {k} devices, leaving a device idle; use a batch '
                          f'size that is a multiple of {k}')
+    return (data, devices), {}
+
+
+@checked(_check_scatter)
+def scatter(data, devices):
+    """Split `data` along dim 0 into one part per device, as torch.chunk does."""
+    parts = torch.chunk(data, len(devices))
     return [part.to(device) for part, device in zip(parts, devices)]
 
 
-def split_batch(X, y, devices):
-    """Split `X` and `y` into multiple devices."""
+def _check_split_batch(X, y, devices):
     if not isinstance(X, torch.Tensor) or not isinstance(y, torch.Tensor):
         raise TypeError('split_batch: X and y must be tensors, got '
                         f'{type(X).__name__} and {type(y).__name__}')
     if X.dim() == 0 or y.dim() == 0 or X.shape[0] != y.shape[0]:
         raise ValueError(f'split_batch: X and y need the same number of rows, got shapes '
                          f'{tuple(X.shape)} and {tuple(y.shape)}')
+
+
+@checked(_check_split_batch)
+def split_batch(X, y, devices):
+    """Split `X` and `y` into multiple devices."""
     return scatter(X, devices), scatter(y, devices)
 
 
@@ -76,12 +93,7 @@ def _memory(t):
     return (t.device, t.untyped_storage().data_ptr())
 
 
-def allreduce(data):
-    """Sum the tensors in `data` in place, so that every one holds the total.
-
-    Entries may live on different devices or on the same one; they must not
-    share memory, since an aliased entry would be counted twice.
-    """
+def _check_allreduce(data):
     if isinstance(data, torch.Tensor) or not hasattr(data, '__len__'):
         raise TypeError(f'allreduce: data must be a list of tensors, got {type(data).__name__}')
     if len(data) == 0:
@@ -102,9 +114,13 @@ def allreduce(data):
                              'the sum would count it twice; replicas must be independent '
                              'copies (see d2lpar.get_params)')
         seen[key] = i
+
+
+@checked(_check_allreduce)
+def allreduce(data):
+    """Sum the tensors in `data` in place, so that every one holds the total."""
     with torch.no_grad():
-        total = data[0].clone()
-        for t in data[1:]:
-            total += t.to(total.device)
-        for t in data:
-            t.copy_(total)
+        for i in range(1, len(data)):  # add everything up in data[0] ...
+            data[0].add_(data[i].to(data[0].device))
+        for i in range(1, len(data)):  # ... and copy the total back to every device
+            data[i].copy_(data[0])

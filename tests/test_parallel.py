@@ -128,3 +128,38 @@ def test_allreduce_of_gradients_across_replicas():
     (X @ reference[0]).sum().backward()
     for replica in replicas:
         torch.testing.assert_close(replica[0].grad, reference[0].grad)
+
+
+def missing_gpu():
+    """Return a CUDA device that does not exist on this machine (cuda:0 without GPUs)."""
+    return torch.device(f'cuda:{d2lpar.num_gpus()}')
+
+
+def test_a_gpu_that_does_not_exist_is_named_with_what_exists():
+    gpu = missing_gpu()
+    count = d2lpar.num_gpus()
+    have = 'no GPU' if count == 0 else f'{count} GPU(s)'
+    params = [torch.ones(2)]
+    with pytest.raises(ValueError, match=rf'get_params: device {gpu} does not exist: this '
+                                         rf'machine has {have}.*d2lpar.num_gpus\(\).*nvidia-smi'):
+        d2lpar.get_params(params, gpu)
+    with pytest.raises(ValueError, match=rf'scatter: devices\[1\] {gpu} does not exist: '
+                                         rf'this machine has {have}'):
+        d2lpar.scatter(torch.ones(4, 1), [CPU, gpu])
+    with pytest.raises(ValueError, match=rf'scatter: devices\[0\] {gpu} does not exist'):
+        d2lpar.split_batch(torch.ones(4, 1), torch.ones(4), [str(gpu)])
+    with pytest.raises(TypeError, match="get_params: device must be a device such as 'cpu'"):
+        d2lpar.get_params(params, 'gpu0')
+
+
+def test_the_saved_allreduce_adds_in_order_like_a_stacked_sum_across_dtypes():
+    # The notebook's allreduce adds data[1], data[2], ... into data[0] in turn: for floats
+    # that is the left-to-right sum, bit for bit.
+    data = [torch.randn(100) for _ in range(4)]
+    expected = ((data[0] + data[1]) + data[2]) + data[3]
+    d2lpar.allreduce(data)
+    for t in data:
+        torch.testing.assert_close(t, expected, rtol=0, atol=0)
+    grads = (torch.ones(2), torch.ones(2))  # a tuple works too: nothing is reassigned
+    d2lpar.allreduce(grads)
+    torch.testing.assert_close(grads[1], torch.full((2,), 2.0), rtol=0, atol=0)

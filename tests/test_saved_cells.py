@@ -18,6 +18,8 @@ REQUIRED = {
                        'ring_all_gather', 'all_gather', 'reduce_scatter', 'ring_allreduce',
                        'allreduce_cost', 'bandwidths', 'HookDDP', 'make_buckets', 'BucketDDP',
                        'MiniDDP'],
+    '06_lenet_data_parallel': ['init_lenet_params', 'lenet', 'get_params', 'allreduce', 'scatter',
+                               'split_batch', 'train_batch', 'train'],
 }
 
 
