@@ -241,6 +241,8 @@ def test_an_unindexed_cuda_device_means_the_current_one(monkeypatch):
         def named_parameters(self, *args, **kwargs):
             yield 'weight', SimpleNamespace(device=torch.device('cuda', 0))
 
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)  # as on a 2-GPU machine
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
     for current in (0, 1):
         monkeypatch.setattr(torch.cuda, 'current_device', lambda: current)
         assert _normalize_devices(['cuda', 'cuda:1', CPU, torch.device('cuda')], 'replicate') == [
@@ -260,6 +262,8 @@ def test_an_unindexed_cuda_device_means_the_current_one(monkeypatch):
 def test_every_entry_point_normalises_its_devices(monkeypatch):
     from d2lpar import dataparallel as dp
 
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)  # as on a 2-GPU machine
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
     monkeypatch.setattr(torch.cuda, 'current_device', lambda: 1)
     cuda1 = torch.device('cuda', 1)
     X, net = torch.ones(4, 2), nn.Linear(2, 2)
