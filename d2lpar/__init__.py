@@ -4,7 +4,7 @@ from .data import (TensorLoader, data_root, fashion_mnist_source, get_fashion_mn
 from .devices import (device_slots, env_flag, gpu_problem, hardware_tier, num_gpus,
                       small_workload, synchronize, try_all_gpus, try_gpu)
 from .info import show_setup
-from .models import accuracy, evaluate_accuracy_gpu, init_lenet_params, lenet
+from .models import Residual, accuracy, evaluate_accuracy_gpu, init_lenet_params, lenet
 from .parallel import allreduce, get_params, scatter, split_batch
 from .plotting import Animator
 from .timing import Accumulator, Timer

@@ -109,3 +109,39 @@ def evaluate_accuracy_gpu(net, data_iter, device=None):
     if metric[1] == 0:
         raise ValueError('evaluate_accuracy_gpu: data_iter yielded no examples')
     return metric[0] / metric[1]
+
+
+def _check_residual(num_channels, use_1x1conv=False, strides=1):
+    if isinstance(num_channels, bool) or not isinstance(num_channels, int) or num_channels < 1:
+        raise ValueError(f'Residual: num_channels must be a positive int, got {num_channels!r}')
+    if not isinstance(use_1x1conv, bool):
+        raise TypeError(f'Residual: use_1x1conv must be True or False, got {use_1x1conv!r}. '
+                        'This is the signature of d2l 1.0, Residual(num_channels, '
+                        'use_1x1conv=False, strides=1): older d2l took the input channels '
+                        'first, which lazy layers now infer')
+    if isinstance(strides, bool) or not isinstance(strides, int) or strides < 1:
+        raise ValueError(f'Residual: strides must be a positive int, got {strides!r}')
+
+
+class Residual(nn.Module):
+    """The residual block of ResNet, as d2l's: two 3x3 convolutions and a shortcut.
+
+    The layers are lazy: they take their input channels from the first batch.
+    `use_1x1conv` puts a 1x1 convolution on the shortcut, needed when the block
+    changes the number of channels or, with `strides` > 1, the resolution.
+    """
+
+    def __init__(self, num_channels, use_1x1conv=False, strides=1):
+        _check_residual(num_channels, use_1x1conv, strides)
+        super().__init__()
+        self.conv1 = nn.LazyConv2d(num_channels, kernel_size=3, padding=1, stride=strides)
+        self.conv2 = nn.LazyConv2d(num_channels, kernel_size=3, padding=1)
+        self.conv3 = (nn.LazyConv2d(num_channels, kernel_size=1, stride=strides)
+                      if use_1x1conv else None)
+        self.bn1, self.bn2 = nn.LazyBatchNorm2d(), nn.LazyBatchNorm2d()
+
+    def forward(self, X):
+        Y = F.relu(self.bn1(self.conv1(X)))
+        Y = self.bn2(self.conv2(Y))
+        shortcut = X if self.conv3 is None else self.conv3(X)
+        return F.relu(Y + shortcut)
