@@ -24,9 +24,12 @@ def finite_number(value, name, caller, positive=False):
 
 def existing_device(device, caller, name='device'):
     """Return `device` as a torch.device, or raise a clear error if it is no device or a missing GPU."""
+    if isinstance(device, bool) or isinstance(device, int) and device < 0:
+        raise ValueError(f"{caller}: {name} must be a device such as 'cpu' or 'cuda:0', got "
+                         f'{device!r}')
     try:
         device = torch.device(device)
-    except (RuntimeError, TypeError) as e:
+    except (RuntimeError, TypeError, ValueError, OverflowError) as e:
         raise TypeError(f"{caller}: {name} must be a device such as 'cpu' or 'cuda:0', got "
                         f'{device!r} ({str(e).splitlines()[0]})') from None
     if device.type == 'cuda':

@@ -43,10 +43,19 @@ TEXT_LABELS = ('t-shirt', 'trouser', 'pullover', 'dress', 'coat',
 
 def get_fashion_mnist_labels(labels):
     """Return text labels for the Fashion-MNIST dataset."""
-    labels = [int(i) for i in labels]
+    if isinstance(labels, (str, bytes)) or not hasattr(labels, '__iter__') or (
+            isinstance(labels, torch.Tensor) and labels.dim() != 1):
+        raise TypeError(f'get_fashion_mnist_labels: labels must be a list or 1-d tensor of '
+                        f'class indices 0..9, got {labels!r}')
+    labels = labels.tolist() if isinstance(labels, torch.Tensor) else list(labels)
+    odd = [i for i in labels if isinstance(i, bool) or not isinstance(i, int)]
+    if odd:
+        raise TypeError(f'get_fashion_mnist_labels: labels must be class indices (ints), got '
+                        f'{odd[0]!r}')
     bad = [i for i in labels if not 0 <= i < len(TEXT_LABELS)]
     if bad:
-        raise ValueError(f'Fashion-MNIST labels are 0..{len(TEXT_LABELS) - 1}, got {bad[:5]}')
+        raise ValueError(f'get_fashion_mnist_labels: Fashion-MNIST labels are 0..'
+                         f'{len(TEXT_LABELS) - 1}, got {bad[:5]}')
     return [TEXT_LABELS[i] for i in labels]
 
 
@@ -372,7 +381,11 @@ class TensorLoader:
     """
 
     def __init__(self, X, y, batch_size, shuffle=False, resize=None):
-        positive_int(batch_size, 'batch_size')
+        if not isinstance(X, torch.Tensor) or not isinstance(y, torch.Tensor) \
+                or X.dim() == 0 or y.dim() == 0:
+            raise TypeError(f'TensorLoader: X and y must be tensors with a batch dimension, got '
+                            f'{type(X).__name__} and {type(y).__name__}')
+        positive_int(batch_size, 'TensorLoader: batch_size')
         if len(X) != len(y):
             raise ValueError(f'X has {len(X)} rows but y has {len(y)}')
         self.X, self.y = X, y

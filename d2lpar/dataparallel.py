@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from ._checks import checked
+from ._checks import checked, existing_device
 from .parallel import _check_devices
 
 __all__ = ['Replica', 'scatter_inputs', 'replicate', 'parallel_apply', 'gather', 'data_parallel',
@@ -43,7 +43,7 @@ def _indexed(device):
     on the current device. nn.DataParallel resolves the index the same way
     (torch/_utils.py `_get_device_index(device, optional=True)`).
     """
-    device = torch.device(device)
+    device = existing_device(device, 'd2lpar.dataparallel', 'device')
     if device.type == 'cuda' and device.index is None:
         return torch.device('cuda', torch.cuda.current_device())
     return device
@@ -140,7 +140,11 @@ def _check_gatherable(outputs, where='outputs'):
 
 
 def _check_gather(outputs, output_device, dim=0):
+    if isinstance(outputs, (torch.Tensor, str)) or not isinstance(outputs, (list, tuple)):
+        raise TypeError(f'gather: outputs must be a list with one output per replica, got '
+                        f'{type(outputs).__name__}')
     outputs = list(outputs)
+    output_device = existing_device(output_device, 'gather', 'output_device')
     _check_gatherable(outputs)
     return (outputs, _indexed(output_device), dim), {}
 

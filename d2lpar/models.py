@@ -21,6 +21,8 @@ def _check_init_lenet_params(scale=0.1, seed=None):
         raise ValueError(f'init_lenet_params: scale must be a positive number, got {scale!r}')
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
         raise TypeError(f'init_lenet_params: seed must be an int or None, got {seed!r}')
+    if seed is not None and not -2 ** 63 <= seed < 2 ** 64:  # what torch.manual_seed takes
+        raise ValueError(f'init_lenet_params: seed must be in [-2**63, 2**64), got {seed!r}')
 
 
 @checked(_check_init_lenet_params)

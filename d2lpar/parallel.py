@@ -11,16 +11,12 @@ __all__ = ['get_params', 'scatter', 'split_batch', 'allreduce']
 
 
 def _check_devices(devices, caller):
-    if isinstance(devices, (str, torch.device)) or not hasattr(devices, '__len__'):
+    if isinstance(devices, (str, torch.device, torch.Tensor)) or not hasattr(devices, '__len__'):
         raise TypeError(f'{caller}: devices must be a list of devices such as '
                         f"[torch.device('cpu'), torch.device('cpu')], got {devices!r}")
     if len(devices) == 0:
-        raise ValueError(f'{caller}: the device list is empty; pass at least one '
+        raise ValueError(f'{caller}: devices is an empty list; pass at least one '
                          f'device, e.g. d2lpar.device_slots(2)')
-    try:
-        devices = [torch.device(d) for d in devices]
-    except (RuntimeError, TypeError) as e:
-        raise TypeError(f'{caller}: {devices!r} is not a list of devices ({e})') from None
     return [existing_device(d, caller, f'devices[{i}]') for i, d in enumerate(devices)]
 
 

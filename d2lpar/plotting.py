@@ -53,13 +53,15 @@ class Animator:
         if not isinstance(y, (list, tuple)):
             y = [y]
         n = len(y)
+        if n == 0:
+            raise ValueError('Animator.add: y is empty; pass one value per line')
         if not isinstance(x, (list, tuple)):
             x = [x] * n
-        for name, values in (('x', x), ('y', y)):
-            odd = [v for v in values if v is not None and (
+        for name, values, missing in (('x', x, ''), ('y', y, ' or None (no point)')):
+            odd = [v for v in values if (v is not None or not missing) and (
                 isinstance(v, bool) or not isinstance(_plain(v), (int, float)))]
             if odd:
-                raise TypeError(f'Animator.add: {name} must be numbers (one per line) or None, '
+                raise TypeError(f'Animator.add: {name} must be numbers (one per line){missing}, '
                                 f'got {odd[0]!r}')
         x, y = [_plain(v) for v in x], [_plain(v) for v in y]
         if len(x) != n:

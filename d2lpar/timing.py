@@ -20,7 +20,9 @@ class Timer:
         if device is not None:
             try:
                 device = torch.device(device)
-            except (RuntimeError, TypeError):
+                if isinstance(device.index, int) and device.index < 0 or isinstance(device, bool):
+                    raise ValueError(device)
+            except (RuntimeError, TypeError, ValueError, OverflowError):
                 raise ValueError(f"Timer: device must be None (wait for every GPU), a "
                                  f"torch.device or a name such as 'cuda:0' or 'cpu', got "
                                  f"{device!r}") from None

@@ -82,7 +82,8 @@ def parse_visible_devices(mask):
     if mask is None:
         return None
     if not isinstance(mask, str):
-        raise TypeError(f'a CUDA_VISIBLE_DEVICES value is a string such as "0" or "0,2", '
+        raise TypeError(f'parse_visible_devices: mask (a CUDA_VISIBLE_DEVICES value) is a '
+                        f'string such as "0" or "0,2", '
                         f'got {type(mask).__name__} {mask!r}')
     for prefix in ('GPU-', 'MIG-'):
         if mask.startswith(prefix):

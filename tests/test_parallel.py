@@ -52,7 +52,7 @@ def test_scatter_refuses_to_leave_a_device_idle():
 @pytest.mark.parametrize('devices,error,match', [
     ([], ValueError, 'empty'),
     ('cpu', TypeError, 'list of devices'),
-    (['not-a-device'], TypeError, 'not a list of devices'),
+    (['not-a-device'], TypeError, r"devices\[0\] must be a device such as 'cpu'"),
 ])
 def test_scatter_bad_devices(devices, error, match):
     with pytest.raises(error, match=match):
