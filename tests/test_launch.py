@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from d2lpar.launch import (LaunchResult, end_processes, free_port, launch, launched_processes,
+from d2lpar.launch import (LaunchResult, end_processes, launch, launched_processes,
                            port_is_free)
 
 HERE = Path(__file__).resolve().parent

@@ -5,7 +5,6 @@ unless D2LPAR_REQUIRE_BROWSER=1 (CI) makes that a failure.
 """
 import html
 import json
-import os
 import re
 import shutil
 import subprocess

@@ -1,6 +1,5 @@
 """Visibility masks: the pure-Python rules against torch's own parser, and masked children."""
 import os
-import sys
 import time
 
 import pytest

@@ -1,0 +1,21 @@
+"""Checkers for the notebooks' "implement this" exercises, one module per notebook.
+
+Each `check_xxx(fn)` runs the learner's function on several randomized cases
+(edge cases included), compares it with a reference (PyTorch itself, a
+tested d2lpar primitive, or a hand calculation) and returns a `Verdict`. A
+checker never raises because of the answer: a wrong result, a function that
+raises, and a stub that still raises NotImplementedError (reported as "not
+attempted yet") all become verdicts with a message and a hint.
+"""
+from ._verdict import Verdict
+from .single_device import check_pick_device
+from .visible_devices import check_visible_count
+from .data_parallel import check_load_checkpoint
+from .model_parallel import _gpipe_idle, check_unbalanced_bubble
+from .ddp import check_sampler
+from .lenet import check_ring_allreduce, check_split_batch
+from .collectives import check_broadcast_schedule
+
+__all__ = ['Verdict', 'check_pick_device', 'check_visible_count', 'check_load_checkpoint',
+           'check_unbalanced_bubble', 'check_sampler', 'check_ring_allreduce',
+           'check_split_batch', 'check_broadcast_schedule']
