@@ -11,6 +11,8 @@ CHAPTERS = sorted(NOTEBOOKS.glob('[0-9][0-9]_*.ipynb'))
 
 # What each notebook must write in its own cells (the algorithms it teaches).
 REQUIRED = {
+    '04_model_parallel': ['ModelParallel', 'pipeline_schedule', 'bubble_fraction', 'idle_fraction',
+                          'gpipe_step'],
 }
 
 
