@@ -210,3 +210,61 @@ def test_model_parallel_accepts_device_names():
     model = d2lpar.ModelParallel(mlp(), ['cpu', 'cpu'], balance=[3, 6])
     assert model.devices == [CPU, CPU]
     assert [len(s) for s in model.stages] == [3, 6]
+
+
+# What notebook 4 says about DDP and a split model (shown there, not run, as notebook 5's subject).
+
+def _ddp_entry(rank, world_size, port, fn):
+    import datetime
+    import gc
+    import os
+    import torch.distributed as dist
+    os.environ['OMP_NUM_THREADS'] = '1'
+    torch.set_num_threads(1)
+    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank,
+                            world_size=world_size, timeout=datetime.timedelta(seconds=60))
+    try:
+        fn(rank, world_size)
+    finally:
+        gc.collect()  # free the DDP wrappers while their process group still exists
+        dist.destroy_process_group()
+
+
+def _spawn(fn, world_size):
+    import torch.multiprocessing as mp
+    mp.spawn(_ddp_entry, args=(world_size, d2lpar.free_port(), fn), nprocs=world_size)
+
+
+def _split_model_under_ddp(rank, world_size):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    net = mlp()
+    X, y = data(12)
+    _, expected = full_batch(net, X, y)
+    model = DDP(d2lpar.ModelParallel(net, [CPU, CPU]))  # no device_ids
+    Xr, yr = X.chunk(world_size)[rank], y.chunk(world_size)[rank]
+    nn.functional.cross_entropy(model(Xr), yr).backward()  # DDP averages over the ranks
+    torch.testing.assert_close([p.grad for p in model.parameters()], expected,
+                               rtol=1e-12, atol=1e-14)
+    with pytest.raises(ValueError, match='device_ids'):  # a CPU module takes no device_ids
+        DDP(d2lpar.ModelParallel(net, [CPU, CPU]), device_ids=[0])
+
+
+def test_ddp_wraps_a_split_model_without_device_ids():
+    _spawn(_split_model_under_ddp, 2)
+
+
+def _two_gpu_split_refuses_device_ids(rank, world_size):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    devices = [torch.device('cuda:0'), torch.device('cuda:1')]
+    with pytest.raises(ValueError, match='device_ids'):
+        DDP(d2lpar.ModelParallel(mlp(), devices), device_ids=[0])
+    model = DDP(d2lpar.ModelParallel(mlp(), devices))
+    X, y = data(12)
+    out = model(X)
+    assert out.device == devices[1]
+    nn.functional.cross_entropy(out, y.to(out.device)).backward()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason='needs two GPUs')
+def test_ddp_refuses_device_ids_for_a_model_split_over_two_gpus():
+    _spawn(_two_gpu_split_refuses_device_ids, 1)
