@@ -36,7 +36,7 @@ def _check_model_parallel(self, net, devices, balance=None):
             raise ValueError(f'ModelParallel: {n} layers cannot fill {p} stages; '
                              f'use at most {n} devices')
         return (self, net, devices), {}
-    if isinstance(balance, int) or not hasattr(balance, '__iter__'):
+    if isinstance(balance, (int, torch.Tensor)) or not hasattr(balance, '__iter__'):
         raise TypeError(f'ModelParallel: balance must be a list of layer counts, one per '
                         f'device (e.g. [2, 3]), got {balance!r}')
     balance = list(balance)
@@ -211,7 +211,7 @@ _EVENT = ("(stage, micro-batch, phase, start, end) tuples with phase 'F' or 'B',
 
 def _events(events, caller):
     """Return `events` as a list after checking that each is a well-formed event."""
-    if isinstance(events, (str, bytes)) or not hasattr(events, '__iter__'):
+    if isinstance(events, (str, bytes, torch.Tensor)) or not hasattr(events, '__iter__'):
         raise TypeError(f'{caller}: events must be a list of {_EVENT}; '
                         f'got {type(events).__name__} {events!r:.60}')
     events = list(events)
@@ -331,7 +331,11 @@ def memory_footprint(net, X, optimizer_states=2):
     """
     if not isinstance(net, nn.Module):
         raise TypeError(f'memory_footprint: net must be an nn.Module, got {type(net).__name__}')
-    if not isinstance(optimizer_states, int) or optimizer_states < 0:
+    if not isinstance(X, torch.Tensor):
+        raise TypeError(f'memory_footprint: X must be a batch of inputs for net (a tensor), got '
+                        f'{type(X).__name__}')
+    if (not isinstance(optimizer_states, int) or isinstance(optimizer_states, bool)
+            or optimizer_states < 0):
         raise ValueError(f'memory_footprint: optimizer_states must be an int >= 0, got '
                          f'{optimizer_states!r}')
     params = list(net.parameters())
@@ -346,6 +350,10 @@ def memory_footprint(net, X, optimizer_states=2):
         return t
 
     with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        net(X)  # the graph keeps saved tensors alive until forward ends: no pointer is reused
+        try:
+            net(X)  # the graph keeps saved tensors alive until forward ends: no pointer is reused
+        except RuntimeError as e:
+            raise ValueError(f'memory_footprint: net cannot run on X of shape {tuple(X.shape)} '
+                             f'({str(e).splitlines()[0]}); pass a batch that net accepts') from e
     return {'parameters': param_bytes, 'gradients': param_bytes,
             'optimizer': optimizer_states * param_bytes, 'activations': sum(saved.values())}

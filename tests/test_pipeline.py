@@ -268,3 +268,17 @@ def _two_gpu_split_refuses_device_ids(rank, world_size):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason='needs two GPUs')
 def test_ddp_refuses_device_ids_for_a_model_split_over_two_gpus():
     _spawn(_two_gpu_split_refuses_device_ids, 1)
+
+
+def test_tensors_where_lists_belong_and_inputs_the_net_cannot_take():
+    with pytest.raises(TypeError, match='idle_fraction: events must be a list'):
+        d2lpar.idle_fraction(torch.tensor(1.0), 2)
+    with pytest.raises(TypeError, match='balance must be a list of layer counts'):
+        d2lpar.ModelParallel(mlp(), [CPU, CPU], balance=torch.tensor(1))
+    net = nn.Sequential(nn.Linear(4, 4))
+    with pytest.raises(TypeError, match='memory_footprint: X must be'):
+        d2lpar.memory_footprint(net, [1.0, 2.0])
+    with pytest.raises(ValueError, match=r'memory_footprint: net cannot run on X of shape \(3, 5\)'):
+        d2lpar.memory_footprint(net, torch.ones(3, 5))
+    with pytest.raises(ValueError, match='optimizer_states'):
+        d2lpar.memory_footprint(net, torch.ones(3, 4), optimizer_states=True)
