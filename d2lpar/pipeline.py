@@ -1,10 +1,15 @@
 """Model parallelism: a network split into stages on devices, and GPipe-style pipelining.
 
-Stages run in their own threads and pass micro-batches through queues, so on
-GPUs (or on CPU cores, with torch.set_num_threads(1)) stage i works on
-micro-batch j while stage i+1 works on micro-batch j-1.
+The algorithms are written in notebook 4's cells (marked `#@save`) and are the
+same code here; their argument checks are the `_check_...` functions, run by
+`@checked` before the algorithm. Stages run in their own threads and pass
+micro-batches through queues, so on GPUs (or on CPU cores, with
+torch.set_num_threads(1)) stage i works on micro-batch j while stage i+1 works
+on micro-batch j-1.
 """
 import copy
+import math
+import numbers
 import queue
 import threading
 import time
@@ -12,8 +17,7 @@ import time
 import torch
 from torch import nn
 
-from ._checks import positive_int
-from .dataparallel import _device_context
+from ._checks import checked, positive_int
 from .devices import synchronize
 from .parallel import _check_devices
 
@@ -21,215 +25,255 @@ __all__ = ['ModelParallel', 'gpipe_step', 'pipeline_schedule', 'bubble_fraction'
            'idle_fraction', 'schedule_problems', 'plot_schedule', 'memory_footprint']
 
 
-class ModelParallel(nn.Module):
-    """Split a copy of nn.Sequential `net` into consecutive stages, stage i on devices[i].
+def _check_model_parallel(self, net, devices, balance=None):
+    if not isinstance(net, nn.Sequential):
+        raise TypeError(f'ModelParallel: net must be an nn.Sequential to be cut into stages, '
+                        f'got {type(net).__name__}')
+    devices = _check_devices(devices, 'ModelParallel')
+    n, p = len(net), len(devices)
+    if balance is None:
+        if n < p:
+            raise ValueError(f'ModelParallel: {n} layers cannot fill {p} stages; '
+                             f'use at most {n} devices')
+        return (self, net, devices), {}
+    if isinstance(balance, (int, torch.Tensor)) or not hasattr(balance, '__iter__'):
+        raise TypeError(f'ModelParallel: balance must be a list of layer counts, one per '
+                        f'device (e.g. [2, 3]), got {balance!r}')
+    balance = list(balance)
+    if (len(balance) != p or any(not isinstance(b, int) or isinstance(b, bool) or b < 1
+                                 for b in balance)
+            or sum(balance) != n):
+        raise ValueError(f'ModelParallel: balance={balance} must give a positive number of '
+                         f'layers for each of the {p} devices, adding up to the {n} layers '
+                         f'of net')
+    return (self, net, devices), {'balance': balance}
 
-    `balance` gives the number of layers per stage (default: as even as
-    possible). The forward pass runs the stages one after another, moving the
-    activations from device to device: naive model parallelism.
+
+class ModelParallel(nn.Module):
+    """Split a copy of the nn.Sequential `net` into consecutive stages, stage i on devices[i].
+
+    `balance` gives the number of layers of each stage (default: as even as possible).
     """
 
+    @checked(_check_model_parallel)
     def __init__(self, net, devices, balance=None):
         super().__init__()
-        if not isinstance(net, nn.Sequential):
-            raise TypeError(f'ModelParallel: net must be an nn.Sequential to be cut into stages, '
-                            f'got {type(net).__name__}')
-        devices = _check_devices(devices, 'ModelParallel')
         n, p = len(net), len(devices)
-        if balance is None:
-            if n < p:
-                raise ValueError(f'ModelParallel: {n} layers cannot fill {p} stages; '
-                                 f'use at most {n} devices')
+        if balance is None:  # as even as possible: the first n % p stages get one layer more
             balance = [n // p + (1 if i < n % p else 0) for i in range(p)]
-        if isinstance(balance, int) or not hasattr(balance, '__iter__'):
-            raise TypeError(f'ModelParallel: balance must be a list of layer counts, one per '
-                            f'device (e.g. [2, 3]), got {balance!r}')
-        balance = list(balance)
-        if (len(balance) != p or any(not isinstance(b, int) or isinstance(b, bool) or b < 1
-                                     for b in balance)
-                or sum(balance) != n):
-            raise ValueError(f'ModelParallel: balance={balance} must give a positive number of '
-                             f'layers for each of the {p} devices, adding up to the {n} layers '
-                             f'of net')
-        layers = list(copy.deepcopy(net))  # the caller's net stays untouched as a reference
-        bounds = [sum(balance[:i]) for i in range(p + 1)]
-        self.stages = nn.ModuleList(nn.Sequential(*layers[bounds[i]:bounds[i + 1]]).to(devices[i])
-                                    for i in range(p))
-        self.devices = devices
+        layers, start = list(copy.deepcopy(net)), 0  # a copy: the caller's net stays untouched
+        self.stages = nn.ModuleList()
+        for size, device in zip(balance, devices):
+            self.stages.append(nn.Sequential(*layers[start:start + size]).to(device))
+            start += size
+        self.devices = list(devices)
 
     def forward(self, X):
         for stage, device in zip(self.stages, self.devices):
-            X = stage(X.to(device))
+            X = stage(X.to(device))  # the activations travel to the next stage's device
         return X
 
 
-class _Abort(Exception):
-    """Raised in a stage thread when another stage has failed."""
-
-
-def _micro_batches(X, y, chunks):
+def _check_gpipe_step(model, X, y, loss, chunks):
+    if not isinstance(model, ModelParallel):
+        raise TypeError(f'gpipe_step: model must be a d2lpar.ModelParallel, got '
+                        f'{type(model).__name__}')
+    if not callable(loss):
+        raise TypeError(f'gpipe_step: loss must be a function of (output, target) that averages '
+                        f'over the batch, such as nn.CrossEntropyLoss(); got {loss!r}')
     positive_int(chunks, 'gpipe_step: chunks')
     if not isinstance(X, torch.Tensor) or not isinstance(y, torch.Tensor):
         raise TypeError('gpipe_step: X and y must be tensors')
     if X.dim() == 0 or y.dim() == 0 or len(X) != len(y):
         raise ValueError(f'gpipe_step: X and y need the same number of rows, got shapes '
                          f'{tuple(X.shape)} and {tuple(y.shape)}')
-    Xs, ys = torch.chunk(X, chunks), torch.chunk(y, chunks)
-    if len(Xs) != chunks:
+    made = len(torch.chunk(X, chunks))
+    if made != chunks:
         raise ValueError(f'gpipe_step: {len(X)} rows do not make {chunks} micro-batches '
-                         f'(torch.chunk gives {len(Xs)}); pick chunks that divide the batch size')
-    return Xs, ys
+                         f'(torch.chunk gives {made}); pick chunks that divide the batch size')
 
 
+@checked(_check_gpipe_step)
 def gpipe_step(model, X, y, loss, chunks):
-    """Run forward and backward of `model` on (X, y) as `chunks` micro-batches, GPipe-style.
+    """Run forward and backward of a ModelParallel on (X, y) as `chunks` micro-batches, GPipe-style.
 
-    One thread per stage: stage i starts micro-batch j as soon as stage i-1
-    has finished it. All forward passes come first, then the backward passes
-    (in reverse order), each stage's gradients accumulating in its own
-    parameters (zero them before the step). `loss` must average over its
-    batch (like nn.CrossEntropyLoss()); each micro-batch's loss is weighted by
-    its share of the batch, so the gradients are those of the whole batch.
-
-    Returns the loss of the whole batch and the events
-    (stage, micro-batch, 'F' or 'B', start, end) in seconds since the step began.
+    Each stage runs in its own thread: all forward passes, then all backward
+    passes, the gradients accumulating in the parameters (zero them before).
+    `loss` averages over its batch. Returns the loss of the whole batch and
+    the events (stage, micro-batch, 'F' or 'B', start, end) in seconds.
     """
-    if not isinstance(model, ModelParallel):
-        raise TypeError(f'gpipe_step: model must be a d2lpar.ModelParallel, got '
-                        f'{type(model).__name__}')
-    Xs, ys = _micro_batches(X, y, chunks)
-    p, n = len(model.stages), len(X)
-    acts = [queue.Queue() for _ in range(p)]    # (j, input of stage i)
-    grads = [queue.Queue() for _ in range(p)]   # (j, gradient w.r.t. the output of stage i)
-    for j, Xj in enumerate(Xs):
-        acts[0].put((j, Xj))
-    events, losses, errors = [], [None] * chunks, []
-    failed = threading.Event()
-    t0 = time.perf_counter()
+    p, Xs, ys = len(model.stages), X.chunk(chunks), y.chunk(chunks)
+    inbox = [queue.Queue() for _ in range(p)]  # inputs of stage i, first micro-batch first
+    gradbox = [queue.Queue() for _ in range(p)]  # gradients of stage i's outputs, last first
+    for Xj in Xs:
+        inbox[0].put(Xj)
+    losses, events, errors, t0 = [0.0] * chunks, [], [], time.perf_counter()
 
-    def get(q):
-        while True:
-            try:
-                return q.get(timeout=0.05)
-            except queue.Empty:
-                if failed.is_set():
-                    raise _Abort from None
+    def receive(box):
+        item = box.get()
+        if item is None:  # the signal that another stage failed
+            raise RuntimeError('another stage failed')
+        return item
 
     def run_stage(i):
         stage, device, last = model.stages[i], model.devices[i], i == p - 1
-        kept = {}
+        kept = []  # (input, output) of each micro-batch, until its backward pass
         try:
-            with _device_context(device), torch.enable_grad():
-                for _ in range(chunks):
-                    j, inp = get(acts[i])
-                    start = time.perf_counter() - t0
-                    # A stage boundary: the input is a fresh leaf, so backward
-                    # stops here and hands its gradient to the previous stage.
-                    x = inp.to(device) if i == 0 else inp.to(device).detach().requires_grad_()
-                    out = stage(x)
-                    if last:
-                        out = loss(out, ys[j].to(device)) * (len(ys[j]) / n)
-                        losses[j] = out.detach()
-                    synchronize(device)
-                    # The end is taken before the hand-over, so the next stage cannot
-                    # record a start that precedes it.
-                    events.append((i, j, 'F', start, time.perf_counter() - t0))
-                    if not last:
-                        acts[i + 1].put((j, out.detach()))
-                    kept[j] = (x, out)
-                for k in range(chunks):
-                    j, grad = (chunks - 1 - k, None) if last else get(grads[i])
-                    start = time.perf_counter() - t0
-                    x, out = kept.pop(j)
-                    out.backward(None if last else grad.to(device))
-                    synchronize(device)
-                    events.append((i, j, 'B', start, time.perf_counter() - t0))
-                    if i > 0:
-                        grads[i - 1].put((j, x.grad))
-        except _Abort:
-            pass
-        except Exception as e:  # re-raised in the caller's thread below
+            for j in range(chunks):
+                inp = receive(inbox[i])
+                start = time.perf_counter() - t0
+                # A fresh leaf: backward stops here and leaves the input's gradient in x.grad.
+                x = inp.to(device).detach().requires_grad_(i > 0)
+                out = stage(x)
+                if last:  # weighted by its share of the batch: the gradients add up to the batch's
+                    out = loss(out, ys[j].to(device)) * (len(ys[j]) / len(X))
+                    losses[j] = out.item()
+                synchronize(device)  # a GPU works asynchronously: wait before reading the clock
+                events.append((i, j, 'F', start, time.perf_counter() - t0))
+                if not last:
+                    inbox[i + 1].put(out.detach())
+                kept.append((x, out))
+            for j in reversed(range(chunks)):
+                grad = None if last else receive(gradbox[i]).to(device)
+                start = time.perf_counter() - t0
+                x, out = kept.pop()
+                out.backward(grad)
+                synchronize(device)
+                events.append((i, j, 'B', start, time.perf_counter() - t0))
+                if i > 0:
+                    gradbox[i - 1].put(x.grad)
+        except Exception as e:
             errors.append((i, e))
-            failed.set()
+            for box in inbox + gradbox:  # wake every waiting stage, so that all of them stop
+                box.put(None)
 
-    threads = [threading.Thread(target=run_stage, args=(i,), name=f'stage-{i}') for i in range(p)]
+    threads = [threading.Thread(target=run_stage, args=(i,)) for i in range(p)]
     for t in threads:
         t.start()
-    try:
-        for t in threads:
-            t.join()
-    except BaseException:  # an interrupt: make every stage stop at its next wait
-        failed.set()
-        raise
-    if errors:
+    for t in threads:
+        t.join()
+    if errors:  # the first error is the cause; the others are stages stopped by it
         i, e = errors[0]
         raise RuntimeError(f'gpipe_step: stage {i} on {model.devices[i]} failed: '
                            f'{type(e).__name__}: {e}') from e
-    return float(sum(l.item() for l in losses)), sorted(events, key=lambda e: (e[3], e[0]))
+    return sum(losses), sorted(events, key=lambda e: e[3])
 
 
-def pipeline_schedule(num_stages, num_microbatches, t_forward=1, t_backward=1):
-    """Simulate GPipe clock tick by clock tick; return its events like gpipe_step's.
-
-    Each stage works through its program in order: forward of micro-batches
-    0..m-1, then backward of m-1..0. A task starts at the first tick at which
-    its stage is free and its input has arrived: forward (i, j) needs forward
-    (i-1, j), backward (i, j) needs backward (i+1, j).
-    """
+def _check_pipeline_schedule(num_stages, num_microbatches, t_forward=1, t_backward=1):
     for value, name in [(num_stages, 'num_stages'), (num_microbatches, 'num_microbatches'),
                         (t_forward, 't_forward'), (t_backward, 't_backward')]:
         positive_int(value, f'pipeline_schedule: {name}')
+
+
+@checked(_check_pipeline_schedule)
+def pipeline_schedule(num_stages, num_microbatches, t_forward=1, t_backward=1):
+    """Simulate GPipe tick by tick; return its events (stage, micro-batch, phase, start, end).
+
+    Stage i runs forward of micro-batches 0..m-1, then backward of m-1..0. A
+    task starts at the first tick its stage is free and its input has arrived:
+    forward (i, j) needs forward (i-1, j), backward (i, j) needs backward (i+1, j).
+    """
     p, m = num_stages, num_microbatches
     programs = [[(i, j, 'F') for j in range(m)] + [(i, j, 'B') for j in reversed(range(m))]
                 for i in range(p)]
     duration = {'F': t_forward, 'B': t_backward}
-    done, events = {}, []
-    pointer, free_at = [0] * p, [0] * p
-    tick = 0
-    while any(pointer[i] < len(programs[i]) for i in range(p)):
+    done, events, next_task, free_at, tick = {}, [], [0] * p, [0] * p, 0
+    while any(k < 2 * m for k in next_task):
         for i in range(p):
-            if pointer[i] == len(programs[i]) or free_at[i] > tick:
-                continue
-            _, j, phase = task = programs[i][pointer[i]]
+            if next_task[i] == 2 * m or free_at[i] > tick:
+                continue  # finished, or busy
+            task = programs[i][next_task[i]]
+            _, j, phase = task
             source = (i - 1, j, 'F') if phase == 'F' else (i + 1, j, 'B')
-            if 0 <= source[0] < p and done.get(source, tick + 1) > tick:
-                continue  # the input has not arrived yet: this stage idles this tick
-            end = tick + duration[phase]
-            done[task], free_at[i] = end, end
-            events.append((i, j, phase, tick, end))
-            pointer[i] += 1
+            if 0 <= source[0] < p and done.get(source, math.inf) > tick:
+                continue  # its input has not arrived: the stage idles this tick
+            free_at[i] = done[task] = tick + duration[phase]
+            events.append((i, j, phase, tick, done[task]))
+            next_task[i] += 1
         tick += 1
     return events
 
 
-def bubble_fraction(num_stages, num_microbatches):
-    """Return the idle share of a GPipe schedule, (p-1)/(m+p-1)."""
+def _check_bubble_fraction(num_stages, num_microbatches):
     positive_int(num_stages, 'bubble_fraction: num_stages')
     positive_int(num_microbatches, 'bubble_fraction: num_microbatches')
+
+
+@checked(_check_bubble_fraction)
+def bubble_fraction(num_stages, num_microbatches):
+    """Return the idle share of a GPipe schedule with equal stages, (p-1)/(m+p-1)."""
     return (num_stages - 1) / (num_microbatches + num_stages - 1)
 
 
-def idle_fraction(events, num_stages):
-    """Return the share of stage time spent idle between the first start and the last end."""
+_EVENT = ("(stage, micro-batch, phase, start, end) tuples with phase 'F' or 'B', such as "
+          "d2lpar.pipeline_schedule(2, 4) or d2lpar.gpipe_step returns")
+
+
+def _events(events, caller):
+    """Return `events` as a list after checking that each is a well-formed event."""
+    if isinstance(events, (str, bytes, torch.Tensor)) or not hasattr(events, '__iter__'):
+        raise TypeError(f'{caller}: events must be a list of {_EVENT}; '
+                        f'got {type(events).__name__} {events!r:.60}')
+    events = list(events)
+    for k, event in enumerate(events):
+        if not isinstance(event, (tuple, list)) or len(event) != 5:
+            raise TypeError(f'{caller}: events[{k}] is {event!r:.60}, not one of {_EVENT}')
+        i, j, phase, start, end = event
+        if any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in (i, j)):
+            raise ValueError(f'{caller}: events[{k}] = {event!r} must start with a stage and a '
+                             f'micro-batch index, ints >= 0')
+        if phase not in ('F', 'B'):
+            raise ValueError(f"{caller}: events[{k}] = {event!r} has phase {phase!r}; use 'F' "
+                             f"(forward) or 'B' (backward)")
+        if any(not isinstance(v, numbers.Real) or isinstance(v, bool) or not math.isfinite(v)
+               for v in (start, end)):
+            raise ValueError(f'{caller}: events[{k}] = {event!r} must end with a finite start '
+                             f'and end time')
+    return events
+
+
+def _check_idle_fraction(events, num_stages):
+    events = _events(events, 'idle_fraction')
     if not events:
         raise ValueError('idle_fraction: no events')
     positive_int(num_stages, 'idle_fraction: num_stages')
-    span = max(e[4] for e in events) - min(e[3] for e in events)
-    if span <= 0:
+    if max(e[4] for e in events) - min(e[3] for e in events) <= 0:
         raise ValueError('idle_fraction: the events span no time (every end equals the first start)')
+    return (events, num_stages), {}
+
+
+@checked(_check_idle_fraction)
+def idle_fraction(events, num_stages):
+    """Return the share of stage time spent idle between the first start and the last end."""
+    span = max(e[4] for e in events) - min(e[3] for e in events)
     busy = sum(e[4] - e[3] for e in events)
     return 1 - busy / (num_stages * span)
 
 
+def _check_schedule_problems(events, num_stages, num_microbatches):
+    events = _events(events, 'schedule_problems')
+    positive_int(num_stages, 'schedule_problems: num_stages')
+    positive_int(num_microbatches, 'schedule_problems: num_microbatches')
+    return (events, num_stages, num_microbatches), {}
+
+
+@checked(_check_schedule_problems)
 def schedule_problems(events, num_stages, num_microbatches):
     """Return what is wrong with a pipeline schedule (an empty list if nothing).
 
-    Checks that every task runs once, that no stage runs two tasks at a time,
-    and that no task starts before its input was ready.
+    Checks that every task runs once on a stage that exists, that no task ends
+    before it starts, that no stage runs two tasks at a time, and that no task
+    starts before its input was ready.
     """
     tasks = {}
     problems = []
     for i, j, phase, start, end in events:
+        if i >= num_stages or j >= num_microbatches:
+            problems.append(f'{phase}{j} runs on stage {i}, outside the {num_stages} stages '
+                            f'and {num_microbatches} micro-batches of this schedule')
+        if end < start:
+            problems.append(f'{phase}{j} on stage {i} ends at {end:.6g}, before it starts '
+                            f'at {start:.6g}')
         if (i, j, phase) in tasks:
             problems.append(f'{phase}{j} runs twice on stage {i}')
         tasks[(i, j, phase)] = (start, end)
@@ -251,6 +295,8 @@ def schedule_problems(events, num_stages, num_microbatches):
 
 def plot_schedule(events, num_stages, ax=None, title=None, unit='time step'):
     """Draw a pipeline schedule as a Gantt chart: one row per stage, one box per task."""
+    events = _events(events, 'plot_schedule')
+    positive_int(num_stages, 'plot_schedule: num_stages')
     if not events:
         raise ValueError('plot_schedule: no events to draw; pass the events of '
                          'd2lpar.pipeline_schedule or of a gpipe_step')
@@ -285,7 +331,11 @@ def memory_footprint(net, X, optimizer_states=2):
     """
     if not isinstance(net, nn.Module):
         raise TypeError(f'memory_footprint: net must be an nn.Module, got {type(net).__name__}')
-    if not isinstance(optimizer_states, int) or optimizer_states < 0:
+    if not isinstance(X, torch.Tensor):
+        raise TypeError(f'memory_footprint: X must be a batch of inputs for net (a tensor), got '
+                        f'{type(X).__name__}')
+    if (not isinstance(optimizer_states, int) or isinstance(optimizer_states, bool)
+            or optimizer_states < 0):
         raise ValueError(f'memory_footprint: optimizer_states must be an int >= 0, got '
                          f'{optimizer_states!r}')
     params = list(net.parameters())
@@ -300,6 +350,10 @@ def memory_footprint(net, X, optimizer_states=2):
         return t
 
     with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        net(X)  # the graph keeps saved tensors alive until forward ends: no pointer is reused
+        try:
+            net(X)  # the graph keeps saved tensors alive until forward ends: no pointer is reused
+        except RuntimeError as e:
+            raise ValueError(f'memory_footprint: net cannot run on X of shape {tuple(X.shape)} '
+                             f'({str(e).splitlines()[0]}); pass a batch that net accepts') from e
     return {'parameters': param_bytes, 'gradients': param_bytes,
             'optimizer': optimizer_states * param_bytes, 'activations': sum(saved.values())}

@@ -150,3 +150,135 @@ def test_memory_footprint_by_hand():
     assert d2lpar.memory_footprint(net, torch.randn(20, 16))['activations'] == 2 * activations
     with pytest.raises(ValueError, match='optimizer_states'):
         d2lpar.memory_footprint(net, X, optimizer_states=-1)
+
+
+def test_schedule_problems_refuses_what_is_not_a_schedule():
+    events = d2lpar.pipeline_schedule(2, 4)
+    with pytest.raises(TypeError, match=r'schedule_problems: events must be a list of \(stage, '):
+        d2lpar.schedule_problems('abc', 2, 2)
+    with pytest.raises(TypeError, match=r'schedule_problems: events\[0\] is 3'):
+        d2lpar.schedule_problems([3], 2, 2)
+    with pytest.raises(ValueError, match='schedule_problems: num_stages must be a positive int, got 0'):
+        d2lpar.schedule_problems(events, 0, 0)
+    with pytest.raises(ValueError, match='schedule_problems: num_microbatches must be a positive int'):
+        d2lpar.schedule_problems(events, 2, 0)
+    with pytest.raises(ValueError, match="has phase 'X'"):
+        d2lpar.schedule_problems([(0, 0, 'X', 0, 1)], 1, 1)
+    with pytest.raises(ValueError, match='finite start and end'):
+        d2lpar.schedule_problems([(0, 0, 'F', 0, float('nan'))], 1, 1)
+    with pytest.raises(ValueError, match='ints >= 0'):
+        d2lpar.schedule_problems([(-1, 0, 'F', 0, 1)], 1, 1)
+    with pytest.raises(TypeError, match='plot_schedule: events must be a list'):
+        d2lpar.plot_schedule(42, 2)
+    with pytest.raises(ValueError, match='idle_fraction: num_stages'):
+        d2lpar.idle_fraction(events, True)
+
+
+def test_schedule_problems_reports_stages_and_times_that_cannot_be():
+    events = d2lpar.pipeline_schedule(2, 2)
+    assert d2lpar.schedule_problems(iter(events), 2, 2) == []  # any iterable of events
+    # The same schedule judged as one of 1 stage: stage 1 does not exist.
+    found = d2lpar.schedule_problems(events, 1, 2)
+    assert 'F0 runs on stage 1, outside the 1 stages and 2 micro-batches of this schedule' in found
+    backwards = [(0, 0, 'F', 3, 1) if e[:3] == (0, 0, 'F') else e for e in events]
+    assert 'F0 on stage 0 ends at 1, before it starts at 3' in d2lpar.schedule_problems(
+        backwards, 2, 2)
+
+
+def test_gpipe_step_refuses_a_loss_that_is_not_a_function():
+    model = d2lpar.ModelParallel(mlp(), [CPU, CPU])
+    X, y = data()
+    with pytest.raises(TypeError, match='gpipe_step: loss must be a function'):
+        d2lpar.gpipe_step(model, X, y, 'cross-entropy', 2)
+
+
+def test_a_failing_middle_stage_stops_every_stage():
+    import threading
+    model = d2lpar.ModelParallel(mlp(), [CPU] * 3)
+    X, y = data()
+    before = threading.active_count()
+    # Stage 1 gets a layer whose input width is wrong: it fails on its first micro-batch,
+    # while stage 0 goes on sending and stage 2 waits for input that will never come.
+    model.stages[1][0] = nn.Linear(5, 8).double()
+    with pytest.raises(RuntimeError, match=r'gpipe_step: stage 1 on cpu failed: RuntimeError: '
+                                           r'mat1 and mat2 shapes cannot be multiplied'):
+        d2lpar.gpipe_step(model, X, y, nn.CrossEntropyLoss(), 4)
+    assert threading.active_count() == before
+
+
+def test_model_parallel_accepts_device_names():
+    model = d2lpar.ModelParallel(mlp(), ['cpu', 'cpu'], balance=[3, 6])
+    assert model.devices == [CPU, CPU]
+    assert [len(s) for s in model.stages] == [3, 6]
+
+
+# What notebook 4 says about DDP and a split model (shown there, not run, as notebook 5's subject).
+
+def _ddp_entry(rank, world_size, port, fn):
+    import datetime
+    import gc
+    import os
+    import torch.distributed as dist
+    os.environ['OMP_NUM_THREADS'] = '1'
+    torch.set_num_threads(1)
+    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank,
+                            world_size=world_size, timeout=datetime.timedelta(seconds=60))
+    try:
+        fn(rank, world_size)
+    finally:
+        gc.collect()  # free the DDP wrappers while their process group still exists
+        dist.destroy_process_group()
+
+
+def _spawn(fn, world_size):
+    import torch.multiprocessing as mp
+    mp.spawn(_ddp_entry, args=(world_size, d2lpar.free_port(), fn), nprocs=world_size)
+
+
+def _split_model_under_ddp(rank, world_size):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    net = mlp()
+    X, y = data(12)
+    _, expected = full_batch(net, X, y)
+    model = DDP(d2lpar.ModelParallel(net, [CPU, CPU]))  # no device_ids
+    Xr, yr = X.chunk(world_size)[rank], y.chunk(world_size)[rank]
+    nn.functional.cross_entropy(model(Xr), yr).backward()  # DDP averages over the ranks
+    torch.testing.assert_close([p.grad for p in model.parameters()], expected,
+                               rtol=1e-12, atol=1e-14)
+    with pytest.raises(ValueError, match='device_ids'):  # a CPU module takes no device_ids
+        DDP(d2lpar.ModelParallel(net, [CPU, CPU]), device_ids=[0])
+
+
+def test_ddp_wraps_a_split_model_without_device_ids():
+    _spawn(_split_model_under_ddp, 2)
+
+
+def _two_gpu_split_refuses_device_ids(rank, world_size):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    devices = [torch.device('cuda:0'), torch.device('cuda:1')]
+    with pytest.raises(ValueError, match='device_ids'):
+        DDP(d2lpar.ModelParallel(mlp(), devices), device_ids=[0])
+    model = DDP(d2lpar.ModelParallel(mlp(), devices))
+    X, y = data(12)
+    out = model(X)
+    assert out.device == devices[1]
+    nn.functional.cross_entropy(out, y.to(out.device)).backward()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason='needs two GPUs')
+def test_ddp_refuses_device_ids_for_a_model_split_over_two_gpus():
+    _spawn(_two_gpu_split_refuses_device_ids, 1)
+
+
+def test_tensors_where_lists_belong_and_inputs_the_net_cannot_take():
+    with pytest.raises(TypeError, match='idle_fraction: events must be a list'):
+        d2lpar.idle_fraction(torch.tensor(1.0), 2)
+    with pytest.raises(TypeError, match='balance must be a list of layer counts'):
+        d2lpar.ModelParallel(mlp(), [CPU, CPU], balance=torch.tensor(1))
+    net = nn.Sequential(nn.Linear(4, 4))
+    with pytest.raises(TypeError, match='memory_footprint: X must be'):
+        d2lpar.memory_footprint(net, [1.0, 2.0])
+    with pytest.raises(ValueError, match=r'memory_footprint: net cannot run on X of shape \(3, 5\)'):
+        d2lpar.memory_footprint(net, torch.ones(3, 5))
+    with pytest.raises(ValueError, match='optimizer_states'):
+        d2lpar.memory_footprint(net, torch.ones(3, 4), optimizer_states=True)

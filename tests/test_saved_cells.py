@@ -20,6 +20,8 @@ REQUIRED = {
                        'MiniDDP'],
     '06_lenet_data_parallel': ['init_lenet_params', 'lenet', 'get_params', 'allreduce', 'scatter',
                                'split_batch', 'train_batch', 'train'],
+    '04_model_parallel': ['ModelParallel', 'pipeline_schedule', 'bubble_fraction', 'idle_fraction',
+                          'gpipe_step'],
 }
 
 
