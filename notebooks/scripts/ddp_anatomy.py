@@ -83,9 +83,10 @@ def gloo_threads():
 def main():
     env = dist_env()
     backend = pick_backend(env.local_world_size)
+    # Bind this process to its device first: NCCL then sets up on the right GPU.
+    device = rank_device(backend, env.local_rank)
     dist.init_process_group(backend, init_method='env://', rank=env.rank,
                             world_size=env.world_size, timeout=default_timeout())
-    device = rank_device(backend, env.local_rank)
     X, Y, mean, var = sync_batchnorm_by_hand(env.rank, device)
     net = nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(nn.Linear(4, 4),
                                                                 nn.BatchNorm1d(4)))

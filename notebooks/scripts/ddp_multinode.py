@@ -25,9 +25,10 @@ def main():
     os.environ.update(torch_env_from_slurm())  # srun: env:// below needs RANK, MASTER_ADDR...
     rank, world_size = env.rank, env.world_size
     backend = pick_backend(env.local_world_size, args.backend)  # --backend, checked; or auto
+    # Bind this process to its device first: NCCL then sets up on the right GPU.
+    device = rank_device(backend, env.local_rank)  # cuda:LOCAL_RANK with nccl, else the CPU
     dist.init_process_group(backend, init_method='env://', rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=args.timeout))
-    device = rank_device(backend, env.local_rank)  # cuda:LOCAL_RANK with nccl, else the CPU
     print(f'{socket.gethostname()}: rank {rank} of {world_size}, local rank {env.local_rank}, '
           f'{backend} on {device}, master {env.master_addr}:{env.master_port}', flush=True)
     torch.manual_seed(args.seed + rank)  # replicas start different on purpose...

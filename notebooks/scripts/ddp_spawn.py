@@ -17,10 +17,11 @@ from d2lpar.distributed import emit_result, exit_now, pick_backend, rank_device
 def worker(rank, world_size, args):
     """Run by each process mp.spawn starts; `rank` is its first argument."""
     backend = pick_backend(world_size, args.backend)  # --backend, checked; or nccl/gloo
+    # Bind this process to its device first: NCCL then sets up on the right GPU.
+    device = rank_device(backend, rank)  # cuda:rank with nccl, else the CPU
     dist.init_process_group(backend, init_method=args.init_method, rank=rank,
                             world_size=world_size,
                             timeout=datetime.timedelta(seconds=args.timeout))
-    device = rank_device(backend, rank)  # cuda:rank with nccl, else the CPU
     torch.manual_seed(args.seed + rank)  # replicas start different on purpose...
     net = common.make_net().to(device)
     init = common.flat_params(net)

@@ -18,9 +18,10 @@ def main():
     env = dist_env()  # RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE set by torchrun
     rank, world_size = env.rank, env.world_size
     backend = pick_backend(env.local_world_size, args.backend)  # --backend, checked; or auto
+    # Bind this process to its device first: NCCL then sets up on the right GPU.
+    device = rank_device(backend, env.local_rank)  # cuda:LOCAL_RANK with nccl, else the CPU
     dist.init_process_group(backend, init_method='env://', rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=args.timeout))
-    device = rank_device(backend, env.local_rank)  # cuda:LOCAL_RANK with nccl, else the CPU
     torch.manual_seed(args.seed + rank)  # replicas start different on purpose...
     net = common.make_net().to(device)
     init = common.flat_params(net)

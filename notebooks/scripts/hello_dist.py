@@ -25,9 +25,11 @@ def main():
         print('not joining the group: sleeping instead', flush=True)
         time.sleep(3600)
     backend = pick_backend(env.local_world_size)
+    # Bind this process to its device first: NCCL then sets up on the right GPU.
+    device = rank_device(backend, env.local_rank)
     dist.init_process_group(backend, init_method='env://', rank=env.rank,
                             world_size=env.world_size, timeout=default_timeout())
-    x = torch.tensor([env.rank + 1.0], device=rank_device(backend, env.local_rank))
+    x = torch.tensor([env.rank + 1.0], device=device)
     dist.all_reduce(x)  # every rank ends with 1 + 2 + ... + world_size
     print(f'rank {env.rank} of {env.world_size} ({backend}): all_reduce gave {x.item():g}',
           flush=True)
