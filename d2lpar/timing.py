@@ -19,13 +19,16 @@ class Timer:
     def __init__(self, device=None):
         if device is not None:
             try:
-                device = torch.device(device)
-                if isinstance(device.index, int) and device.index < 0 or isinstance(device, bool):
+                if isinstance(device, bool):  # torch.device(True) would be cuda:1
+                    raise TypeError(device)
+                parsed = torch.device(device)
+                if parsed.index is not None and parsed.index < 0:
                     raise ValueError(device)
             except (RuntimeError, TypeError, ValueError, OverflowError):
                 raise ValueError(f"Timer: device must be None (wait for every GPU), a "
                                  f"torch.device or a name such as 'cuda:0' or 'cpu', got "
                                  f"{device!r}") from None
+            device = parsed
         self.device = device
         self.times = []
         self.start()

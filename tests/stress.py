@@ -139,9 +139,10 @@ def run_once(notebook, timeout, run_id):
             passed, problems = False, [('(whole notebook)', f'no result within {timeout} s')]
         seconds = time.monotonic() - start
         time.sleep(1)  # a kernel that is ending gets a moment
+        running = left_running(run_id)
         leftovers = [f'process {pid} ({cmd}) listening on {ports or "no port"}'
-                     for pid, cmd, ports in left_running(run_id)]
-        for pid, _, _ in left_running(run_id):  # end them, so the next run starts clean
+                     for pid, cmd, ports in running]
+        for pid, _, _ in running:  # end them, so the next run starts clean
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:

@@ -116,7 +116,7 @@ def test_animator_add_refuses_what_is_not_a_number(x, y, message):
         d2lpar.Animator().add(x, y)
 
 
-@pytest.mark.parametrize('device', ['gpu', 3.5, 'cuda:x'])
+@pytest.mark.parametrize('device', ['gpu', 3.5, 'cuda:x', True, -1])
 def test_timer_names_a_bad_device(device):
     with pytest.raises(ValueError, match="Timer: device must be None"):
         d2lpar.Timer(device=device)
