@@ -231,6 +231,11 @@ def _root_cause_rank(lines):
     return None
 
 
+def _stream_name(stem):
+    """Return the stream a shim file stem names: the rank as an int ('rank3' -> 3), else the stem."""
+    return int(stem[4:]) if stem.startswith('rank') and stem[4:].isdigit() else stem
+
+
 def _label(name):
     return f'rank {name}' if isinstance(name, int) else name
 
@@ -355,7 +360,7 @@ class _Streams:
                 break
         for entry in sorted(os.listdir(self.log_dir)):
             stem = entry[:-len('.log')]
-            name = int(stem[4:]) if stem.startswith('rank') and stem[4:].isdigit() else stem
+            name = _stream_name(stem)
             with open(os.path.join(self.log_dir, entry), 'rb') as f:
                 f.seek(self.offsets.get(entry, 0))
                 data = f.read()
@@ -496,7 +501,7 @@ def _collect_exits(exit_dir):
         for entry in os.listdir(exit_dir):
             if entry.endswith('.json'):
                 stem = entry[:-5]
-                name = int(stem[4:]) if stem.startswith('rank') and stem[4:].isdigit() else stem
+                name = _stream_name(stem)
                 with open(os.path.join(exit_dir, entry)) as f:
                     exits[name] = json.load(f)
     return exits
