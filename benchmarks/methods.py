@@ -5,7 +5,7 @@ on the same Fashion-MNIST minibatches of 256 (global batch: each of k workers
 takes 256 / k of it), with SGD:
 
 * single process: `d2lpar.train_batch` with one device slot;
-* hand-written data parallel: `d2lpar.train_batch` with k slots (notebook 6);
+* hand-written data parallel: `d2lpar.train_batch` with k slots (notebook 8);
 * `nn.DataParallel` over k GPUs (skipped without 2 GPUs: on the CPU it only calls the module);
 * DDP with k processes (gloo on the CPU, nccl with a GPU per process);
 * the hand-written `d2lpar.MiniDDP` with k processes, in the same processes as DDP.

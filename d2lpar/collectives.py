@@ -1,4 +1,4 @@
-"""Collective operations written by hand from point-to-point messages (notebook 7).
+"""Collective operations written by hand from point-to-point messages (notebook 9).
 
 Every function here runs on every rank of the default process group, like
 its `torch.distributed` namesake, and is built only from point-to-point
@@ -6,7 +6,7 @@ messages (`send`/`recv`, `isend`): broadcast, reduce, all-gather,
 reduce-scatter, a naive allreduce (reduce to one rank, then broadcast) and a
 ring allreduce (ring reduce-scatter, then ring all-gather), with the cost
 model that compares them. Each function's code is a `#@save` cell of
-notebook 7 (tests/test_saved_cells.py compares them); the `_check_...`
+notebook 9 (tests/test_saved_cells.py compares them); the `_check_...`
 functions validate the arguments before it runs (see d2lpar/_checks.py).
 """
 import math
@@ -140,7 +140,7 @@ def _check_bandwidths(size, seconds, n):
     finite_number(seconds, 'seconds', 'bandwidths', positive=True)
 
 
-# The algorithms: each is the `#@save` cell of notebook 7 that teaches it.
+# The algorithms: each is the `#@save` cell of notebook 9 that teaches it.
 
 @checked(_check_combine)
 def combine(a, b, op=dist.ReduceOp.SUM):

@@ -1,4 +1,4 @@
-"""A hand-written DistributedDataParallel, built in three steps (notebook 7).
+"""A hand-written DistributedDataParallel, built in three steps (notebook 9).
 
 1. `HookDDP`: a hook on every parameter all-reduces its gradient as soon as
    backward has produced it (one all_reduce per parameter).
@@ -9,7 +9,7 @@
 
 Every wrapper starts the replicas from rank 0's parameters and buffers, as DDP
 does, and needs `finish_sync()` after each backward. Each class is a `#@save`
-cell of notebook 7 (tests/test_saved_cells.py compares them); the `_check_...`
+cell of notebook 9 (tests/test_saved_cells.py compares them); the `_check_...`
 functions validate the arguments and the order of calls first (d2lpar/_checks.py).
 """
 import torch
@@ -76,7 +76,7 @@ def _check_finish_sync(self):
                            '(or set requires_grad=False before wrapping)')
 
 
-# The three steps: each is the `#@save` cell of notebook 7 that builds it.
+# The three steps: each is the `#@save` cell of notebook 9 that builds it.
 
 class HookDDP(nn.Module):
     """Wrap `module` so that backward averages each gradient across ranks as soon as it is ready."""

@@ -1,4 +1,4 @@
-"""Models: the functional LeNet of notebook 6 (its `#@save` cells), and evaluation."""
+"""Models: the functional LeNet of notebook 8 (its `#@save` cells), and evaluation."""
 import math
 
 import torch

@@ -1,6 +1,6 @@
-"""Parallel primitives for single-process data parallelism across device slots (notebook 6).
+"""Parallel primitives for single-process data parallelism across device slots (notebook 8).
 
-The functions are the code notebook 6 writes in its `#@save` cells; their
+The functions are the code notebook 8 writes in its `#@save` cells; their
 `@checked(...)` decorators validate the arguments first.
 """
 import torch

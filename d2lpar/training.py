@@ -1,6 +1,6 @@
 """Data parallelism from scratch: train LeNet on several device slots with a hand-written allreduce.
 
-`train_batch` and `train` are the code notebook 6 writes in its `#@save`
+`train_batch` and `train` are the code notebook 8 writes in its `#@save`
 cells; their `@checked(...)` decorators validate the arguments first.
 """
 import collections

@@ -29,9 +29,9 @@ CHECKS = {
     exercises.check_load_checkpoint: ('03_data_parallel', 'load_checkpoint'),
     exercises.check_unbalanced_bubble: ('04_model_parallel', 'unbalanced_bubble'),
     exercises.check_sampler: ('05_ddp', 'UnpaddedSampler'),
-    exercises.check_ring_allreduce: ('06_lenet_data_parallel', 'ring_allreduce'),
-    exercises.check_split_batch: ('06_lenet_data_parallel', 'split_batch'),
-    exercises.check_broadcast_schedule: ('07_collectives', 'broadcast_schedule'),
+    exercises.check_ring_allreduce: ('08_lenet_data_parallel', 'ring_allreduce'),
+    exercises.check_split_batch: ('08_lenet_data_parallel', 'split_batch'),
+    exercises.check_broadcast_schedule: ('09_collectives', 'broadcast_schedule'),
 }
 
 
@@ -410,7 +410,7 @@ def test_chunk_that_runs_out_of_rows_is_explained():
 def test_the_tree_broadcast_is_the_fastest_possible():
     # The reference bound: holders can at most double per round.
     for n in range(1, 70):
-        rounds = solution('07_collectives', 'broadcast_schedule')(n, 0)
+        rounds = solution('09_collectives', 'broadcast_schedule')(n, 0)
         assert len(rounds) == (math.ceil(math.log2(n)) if n > 1 else 0)
 
 

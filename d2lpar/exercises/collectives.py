@@ -1,4 +1,4 @@
-"""Checker of notebook 7: a tree broadcast schedule."""
+"""Checker of notebook 9: a tree broadcast schedule."""
 import math
 
 from ._verdict import _Fail, _checker, _call

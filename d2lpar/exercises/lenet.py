@@ -1,4 +1,4 @@
-"""Checker of notebook 6: a ring allreduce and split_batch."""
+"""Checker of notebook 8: a ring allreduce and split_batch."""
 import math
 
 import torch

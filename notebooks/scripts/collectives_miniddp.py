@@ -1,4 +1,4 @@
-"""Train with DDP and with notebook 7's hand-written DDPs in the same processes.
+"""Train with DDP and with notebook 9's hand-written DDPs in the same processes.
 
 Run:  torchrun --standalone --nproc-per-node=2 scripts/collectives_miniddp.py \
           --variant hook buckets overlap --buckets 0.25 --check-steps 3 --time-steps 10
