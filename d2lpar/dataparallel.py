@@ -134,7 +134,11 @@ def _check_gatherable(outputs, where='outputs'):
                             'lengths; every replica must return the same structure')
         for key in (first if isinstance(first, Mapping) else range(len(first))):
             _check_gatherable([o[key] for o in outputs], f'{where}[{key!r}]')
-    elif first is not None:
+    elif first is None:
+        if any(o is not None for o in outputs):
+            raise TypeError(f'gather: some replicas returned None in {where} and some did not; '
+                            'return the same kind of output from every replica')
+    else:
         raise TypeError(f'gather: cannot gather outputs of type {type(first).__name__}; '
                         'return tensors (or tuples, lists, dicts of tensors) from the module')
 

@@ -132,6 +132,10 @@ def test_gather_scalars_tuples_dicts():
     assert first.shape == (3, 1) and second['a'].shape == (4, 2)
     with pytest.raises(TypeError, match='cannot gather outputs of type str'):
         d2lpar.gather(['a', 'b'], CPU)
+    assert d2lpar.gather([None, None], CPU) is None  # a module that returns nothing
+    for mixed in ([None, torch.ones(1)], [(torch.ones(1), None), (torch.ones(1), torch.ones(1))]):
+        with pytest.raises(TypeError, match='some replicas returned None|mix of tensors'):
+            d2lpar.gather(mixed, CPU)
 
 
 def test_batchnorm_buffers_follow_replica_zero():
