@@ -303,6 +303,9 @@ def _check_args(args):
 def _check_seconds(value, name):
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ValueError(f'{name} must be a positive number of seconds, got {value!r}')
+    if value == float('inf'):  # a launch that may never end leaves its processes running
+        raise ValueError(f'{name} must be finite, got inf; for a long run pass a large '
+                         'number of seconds, such as 24 * 3600')
     return float(value)
 
 

@@ -112,6 +112,8 @@ def test_echo_prints_each_line_prefixed_by_its_rank(capsys):
     (dict(timeout=0), ValueError, 'timeout'),
     (dict(timeout='60'), ValueError, 'timeout'),
     (dict(grace=-1), ValueError, 'grace'),
+    (dict(timeout=float('inf')), ValueError, 'timeout must be finite'),
+    (dict(timeout=float('nan')), ValueError, 'timeout must be a positive'),
     (dict(env=['A=1']), TypeError, 'dict'),
     (dict(env={'A=B': '1'}), ValueError, 'name'),
     (dict(env={'A': object()}), TypeError, 'None'),
