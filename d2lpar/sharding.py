@@ -11,7 +11,7 @@ import torch.distributed as dist
 from ._checks import checked, finite_number
 from .collectives import all_gather, reduce_scatter, ring_allreduce
 
-__all__ = ['model_state_bytes', 'pad_to_shards', 'Zero1', 'Zero2']
+__all__ = ['model_state_bytes', 'pad_to_shards', 'Zero1', 'Zero2', 'Zero3']
 
 
 def _world(caller):
@@ -51,6 +51,12 @@ def _check_zero(caller):
         finite_number(weight_decay, 'weight_decay', caller)
         return (self, params), {'lr': lr, 'weight_decay': weight_decay}
     return check
+
+
+def _check_zero3(self, net, lr=1e-3, weight_decay=0.01):
+    if not isinstance(net, torch.nn.Module):
+        raise TypeError(f'Zero3: net must be an nn.Module (its layers gather their parameters '
+                        f'just in time), got {type(net).__name__}')
 
 
 @checked(_check_model_state_bytes)
@@ -109,3 +115,38 @@ class Zero2(Zero1):
         reduce_scatter(shard, pad_to_shards(p.grad, self.n))
         p.grad = None
         return shard / self.n
+
+
+class Zero3(Zero2):
+    """ZeRO-3: as ZeRO-2, but parameters too are sharded, gathered per layer just in time."""
+    @checked(_check_zero3)
+    def __init__(self, net, lr=1e-3, weight_decay=0.01):
+        super().__init__(net.parameters(), lr, weight_decay)
+        self.shards_of = {p: shard for p, shard in zip(self.params, self.shards)}
+        self.shapes = {p: p.shape for p in self.params}
+        for layer in net.modules():
+            if list(layer.parameters(recurse=False)):
+                layer.register_forward_pre_hook(lambda m, args: self.gather(m))
+                layer.register_forward_hook(lambda m, args, out: self.free(m))
+                layer.register_full_backward_pre_hook(lambda m, grad_out: self.gather(m))
+        self.free(net)
+
+    def gather(self, layer):
+        """All-gather the full parameters of `layer` from the shards of every rank."""
+        for p in layer.parameters(recurse=False):
+            shard = self.shards_of[p]
+            blocks = [torch.empty_like(shard) for _ in range(self.n)]
+            all_gather(blocks, shard)
+            p.data = torch.cat(blocks)[:self.shapes[p].numel()].view(self.shapes[p])
+
+    def free(self, layer):
+        """Drop the full parameters of `layer` (and its sublayers); only the shards stay."""
+        for p in layer.parameters():
+            p.data = torch.empty(0, dtype=p.dtype)
+
+    def step(self):
+        """Update this rank's shards with AdamW; the next forward gathers them again."""
+        for p, shard in zip(self.params, self.shards):
+            shard.grad = self.shard_grad(p)
+            p.data = torch.empty(0, dtype=p.dtype)  # gathered again for backward: free it
+        self.optimizer.step()

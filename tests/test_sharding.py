@@ -1,5 +1,6 @@
 """ZeRO stages by hand (d2lpar.sharding) against one single-process AdamW step on the global batch."""
 import os
+import queue as queue_module
 
 import pytest
 import torch
@@ -41,19 +42,23 @@ def worker(rank, world_size, port, stage, queue):
                             timeout=__import__('datetime').timedelta(seconds=60))
     try:
         net = make_net()
-        opt = getattr(sharding, stage)(net.parameters(), lr=LR, weight_decay=WD)
+        opt = getattr(sharding, stage)(net if stage == 'Zero3' else net.parameters(),
+                                       lr=LR, weight_decay=WD)
         for X, y in batches(world_size):
             opt.zero_grad()
             Xs, ys = X.chunk(world_size)[rank], y.chunk(world_size)[rank]
             nn.functional.mse_loss(net(Xs), ys).backward()
             opt.step()
         # plain lists: a tensor in a queue is shared memory that dies with this process
+        if stage == 'Zero3':
+            assert all(p.numel() == 0 for p in net.parameters())  # only the shards are kept
+            opt.gather(net[0]), opt.gather(net[2])
         queue.put((rank, [p.detach().tolist() for p in net.parameters()]))
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize('stage', ['Zero1', 'Zero2'])
+@pytest.mark.parametrize('stage', ['Zero1', 'Zero2', 'Zero3'])
 def test_zero_stage_matches_single_process_adamw(stage):
     world_size = 2
     ctx = mp.get_context('spawn')
@@ -63,7 +68,13 @@ def test_zero_stage_matches_single_process_adamw(stage):
              for r in range(world_size)]
     for p in procs:
         p.start()
-    results = dict(queue.get(timeout=120) for _ in procs)
+    results = {}
+    while len(results) < world_size:  # fail fast when a rank dies instead of waiting for it
+        try:
+            rank, params = queue.get(timeout=1)
+            results[rank] = params
+        except queue_module.Empty:
+            assert all(p.exitcode in (None, 0) for p in procs), 'a rank failed; see its traceback'
     for p in procs:
         p.join(timeout=30)
         assert p.exitcode == 0
