@@ -88,8 +88,9 @@ class Zero1:
         """Average the full gradient over ranks (as DDP); return this rank's shard of it."""
         grad = torch.cat(pad_to_shards(p.grad, self.n))
         ring_allreduce(grad)
-        p.grad = grad[:p.numel()].view_as(p) / self.n
-        return grad.chunk(self.n)[self.rank] / self.n
+        grad /= self.n
+        p.grad = grad[:p.numel()].view_as(p)
+        return grad.chunk(self.n)[self.rank]  # a view: no extra memory
 
     def step(self):
         """Update this rank's shards with AdamW, then all-gather the full parameters."""
