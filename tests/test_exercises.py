@@ -32,6 +32,7 @@ CHECKS = {
     exercises.check_ring_allreduce: ('08_lenet_data_parallel', 'ring_allreduce'),
     exercises.check_split_batch: ('08_lenet_data_parallel', 'split_batch'),
     exercises.check_broadcast_schedule: ('09_collectives', 'broadcast_schedule'),
+    exercises.check_zero2_grad_shard: ('10_sharding', 'zero2_grad_shard'),
 }
 
 
@@ -412,6 +413,28 @@ def test_the_tree_broadcast_is_the_fastest_possible():
     for n in range(1, 70):
         rounds = solution('09_collectives', 'broadcast_schedule')(n, 0)
         assert len(rounds) == (math.ceil(math.log2(n)) if n > 1 else 0)
+
+
+@pytest.mark.parametrize('wrong, hint', [
+    (lambda grads, rank: torch.stack(grads).mean(0).flatten().tensor_split(len(grads))[rank],
+     "flatten, pad with zeros"),  # an uneven split, no padding
+    (lambda grads, rank: torch.stack(grads).mean(0), 'the whole gradient'),  # updates it all
+    (lambda grads, rank: torch.nn.functional.pad(
+        torch.stack(grads).sum(0).flatten(),
+        (0, -grads[0].numel() % len(grads))).chunk(len(grads))[rank], 'divide by N'),
+])
+def test_zero2_wrong_answers_get_their_hint(wrong, hint):
+    verdict = exercises.check_zero2_grad_shard(wrong, seed=0)
+    assert not verdict.passed and hint in verdict.message, verdict
+
+
+def test_zero2_reference_agrees_with_a_real_reduce_scatter_shard():
+    from d2lpar.sharding import pad_to_shards
+    grads = [torch.randn(5, 3) for _ in range(4)]
+    fn = solution('10_sharding', 'zero2_grad_shard')
+    for rank in range(4):
+        want = sum(pad_to_shards(g, 4)[rank] for g in grads) / 4
+        torch.testing.assert_close(fn(grads, rank), want)
 
 
 def test_bubble_reference_agrees_with_d2lpar_and_the_hand_formula():
