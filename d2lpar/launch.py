@@ -378,7 +378,7 @@ class _Streams:
                 self.partial[entry] = rest
 
 
-def _commands(script, nproc, nnodes, args, launcher, port, work):
+def _commands(script, nproc, nnodes, args, launcher, port, work, max_restarts=0):
     """Return [(stream name, argv)] for the processes a launch starts."""
     shim = os.path.join(work, 'shim', script.name)  # so torchrun's reports name the script
     if launcher == 'python':
@@ -386,6 +386,8 @@ def _commands(script, nproc, nnodes, args, launcher, port, work):
     module = 'torch.distributed.run' if launcher == 'torchrun' else launcher
     common = [sys.executable, '-m', module, f'--nproc-per-node={nproc}',
               f'--log-dir={os.path.join(work, "torchelastic")}']
+    if max_restarts:
+        common.append(f'--max-restarts={max_restarts}')
     tail = [shim, str(script), *args]
     if nnodes == 1:
         return [(launcher, common + ['--nnodes=1', '--node-rank=0', '--master-addr=127.0.0.1',
@@ -510,7 +512,8 @@ def _collect_exits(exit_dir):
     return exits
 
 
-def _launch_once(script, nproc, nnodes, args, timeout, env, echo, launcher, port, grace):
+def _launch_once(script, nproc, nnodes, args, timeout, env, echo, launcher, port, grace,
+                 max_restarts=0):
     work = tempfile.mkdtemp(prefix='d2lpar-launch-')
     suffix = os.path.basename(work)[len('d2lpar-launch-'):]
     launch_id = f'{os.getpid()}-{suffix}-{uuid.uuid4().hex[:6]}'
@@ -555,7 +558,7 @@ def _launch_once(script, nproc, nnodes, args, timeout, env, echo, launcher, port
                 child_env.pop(key, None)
             else:
                 child_env[key] = value
-        commands = _commands(script, nproc, nnodes, args, launcher, port, work)
+        commands = _commands(script, nproc, nnodes, args, launcher, port, work, max_restarts)
         _end_orphans(lambda text: streams.add('d2lpar.launch', text))
         for name, argv in commands:
             agent = _popen(argv, child_env)
@@ -597,7 +600,7 @@ def _launch_once(script, nproc, nnodes, args, timeout, env, echo, launcher, port
 
 
 def launch(script, nproc=2, args=(), timeout=120, env=None, echo=True, *, nnodes=1,
-           launcher='torchrun', port=None, grace=5.0):
+           launcher='torchrun', port=None, grace=5.0, max_restarts=0):
     """Run `script` as `nproc` processes (per node) through torchrun; return a LaunchResult.
 
     Each rank's output is printed as it comes, prefixed by its rank (`echo`).
@@ -611,9 +614,13 @@ def launch(script, nproc=2, args=(), timeout=120, env=None, echo=True, *, nnodes
     only: the launcher hosts the rendezvous store on 127.0.0.1:`port` (a free
     port by default) while the launch runs, and gloo and NCCL are told to use
     the loopback interface (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME; `env` can
-    override them). On a crash, a timeout or KeyboardInterrupt every process of
-    the launch is ended (SIGTERM to torchrun, `grace` s, then SIGKILL); an
-    interrupt is re-raised afterwards.
+    override them). `max_restarts` is passed to torchrun as --max-restarts:
+    when a rank fails, torchrun stops the group and starts every rank again, at
+    most that many times (each attempt sees TORCHELASTIC_RESTART_COUNT), and
+    `timeout` bounds all attempts together. On a crash (once no restart is
+    left), a timeout or KeyboardInterrupt every process of the launch is ended
+    (SIGTERM to torchrun, `grace` s, then SIGKILL); an interrupt is re-raised
+    afterwards.
     """
     script = _check_script(script)
     nproc, nnodes = positive_int(nproc, 'nproc'), positive_int(nnodes, 'nnodes')
@@ -627,7 +634,14 @@ def launch(script, nproc=2, args=(), timeout=120, env=None, echo=True, *, nnodes
     if port is not None and (isinstance(port, bool) or not isinstance(port, int)
                              or not 0 < port < 65536):
         raise ValueError(f'port must be an int in 1..65535 or None (pick a free one), got {port!r}')
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ValueError(f'max_restarts must be an int >= 0 (how many times torchrun may restart '
+                         f'the group after a failure), got {max_restarts!r}')
+    if launcher == 'python' and max_restarts:
+        raise ValueError("max_restarts needs torchrun: launcher='python' runs one plain process "
+                         "that nothing restarts; use launcher='torchrun'")
     if os.name != 'posix':
         raise OSError('d2lpar.launch needs Linux or macOS (on Windows use WSL, or run '
                       'torchrun yourself in a terminal)')
-    return _launch_once(script, nproc, nnodes, args, timeout, env, echo, launcher, port, grace)
+    return _launch_once(script, nproc, nnodes, args, timeout, env, echo, launcher, port, grace,
+                        max_restarts)

@@ -120,6 +120,9 @@ def test_echo_prints_each_line_prefixed_by_its_rank(capsys):
     (dict(launcher='mpirun'), ValueError, 'launcher'),
     (dict(launcher='python', nproc=2), ValueError, 'nproc=1'),
     (dict(port=70000), ValueError, 'port'),
+    (dict(max_restarts=-1), ValueError, 'max_restarts'),
+    (dict(max_restarts=True), ValueError, 'max_restarts'),
+    (dict(launcher='python', nproc=1, max_restarts=1), ValueError, 'needs torchrun'),
 ])
 def test_bad_arguments_are_refused_before_anything_starts(kwargs, error, message):
     before = set(os.listdir(tempfile.gettempdir()))
@@ -130,6 +133,21 @@ def test_bad_arguments_are_refused_before_anything_starts(kwargs, error, message
     created = {n for n in set(os.listdir(tempfile.gettempdir())) - before
                if n.startswith('d2lpar-launch-')}
     assert not created
+
+
+@posix_only
+def test_max_restarts_lets_torchrun_restart_the_whole_group():
+    result = launch(PROBE, nproc=2, args=['--mode', 'restart'], timeout=120, echo=False,
+                    max_restarts=1)
+    assert result.ok, result.text()
+    assert result.by_rank('attempt') == {0: 1, 1: 1}  # both ranks ran again, on attempt 1
+    for rank in (0, 1):
+        assert result.output[rank].count('attempt 0') == 1, result.output[rank]
+        assert result.output[rank].count('attempt 1') == 1, result.output[rank]
+    assert any('--max-restarts=1' in command for command in result.commands)
+    assert port_is_free(result.port)
+    without = launch(PROBE, nproc=2, args=['--mode', 'restart'], timeout=120, echo=False)
+    assert without.returncode != 0 and not without.results  # no restart: the failure stands
 
 
 @posix_only

@@ -11,7 +11,7 @@ import time
 
 parser = argparse.ArgumentParser()
 parser.add_argument('--mode', choices=['ok', 'quick', 'crash', 'hang', 'stubborn', 'dist',
-                                       'cprint', 'listen'], default='ok')
+                                       'cprint', 'listen', 'restart'], default='ok')
 parser.add_argument('--crash-rank', type=int, default=1, help="the rank that crashes in 'crash'")
 parser.add_argument('--local-rank', '--local_rank', type=int, default=None)
 args = parser.parse_args()
@@ -28,6 +28,16 @@ elif args.mode == 'crash':
         raise SystemExit(3)
     print('waiting for the others', flush=True)
     time.sleep(300)
+elif args.mode == 'restart':  # rank 1 fails on the first attempt only; torchrun restarts all
+    attempt = int(os.environ['TORCHELASTIC_RESTART_COUNT'])
+    print(f'attempt {attempt}', flush=True)
+    if attempt == 0:
+        if rank == 1:
+            time.sleep(0.5)
+            raise SystemExit(3)
+        time.sleep(300)  # torchrun stops this rank when rank 1 fails, then restarts both
+    from d2lpar.distributed import emit_result
+    emit_result(attempt=attempt, pid=os.getpid())
 elif args.mode == 'cprint':  # C stdio into a file is fully buffered: only a flush shows this
     import ctypes
     libc = ctypes.CDLL(None)
