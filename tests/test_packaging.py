@@ -101,3 +101,17 @@ def test_every_torch_load_passes_weights_only():
                 assert getattr(flags.get('weights_only'), 'value', None) is True, (
                     f'{where}: torch.load without weights_only=True')
     assert found >= 4  # the check saw the calls it is about
+
+
+def test_notebooks_are_valid_nbformat_with_cell_ids():
+    nbformat = pytest.importorskip('nbformat')
+    for path in sorted((ROOT / 'notebooks').glob('**/*.ipynb')):
+        if '.ipynb_checkpoints' in path.parts:
+            continue
+        nb = json.loads(path.read_text())
+        ids = [c.get('id') for c in nb['cells']]
+        # nbformat 4.5 cells need unique ids; without them Jupyter rewrites the file on every save.
+        assert None not in ids and len(set(ids)) == len(ids), (
+            f'{path.name}: cells {[i for i, x in enumerate(ids) if x is None]} lack an id or ids '
+            f'repeat; run nbformat.validator.normalize on it (or save it once in JupyterLab)')
+        nbformat.validate(nbformat.reads(path.read_text(), as_version=4))
