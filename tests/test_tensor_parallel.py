@@ -1,0 +1,140 @@
+"""Tensor parallelism by hand (d2lpar.tensor_parallel) on 2 gloo processes, against the unsplit modules."""
+import datetime
+import os
+import queue as queue_module
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+import d2lpar
+from d2lpar import tensor_parallel as tp
+from d2lpar.distributed import count_calls
+
+
+def make_mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 6))
+
+
+def make_attention():
+    torch.manual_seed(0)
+    return tp.SelfAttention(8, num_heads=4)
+
+
+def reference(make, X):
+    """Output and gradients (parameters in order, then X) of the unsplit module."""
+    net, X = make(), X.clone().requires_grad_()
+    out = net(X)
+    (out * torch.arange(out.numel()).view_as(out).sin()).sum().backward()  # a loss not symmetric in the outputs
+    return out.detach(), [p.grad for p in net.parameters()] + [X.grad]
+
+
+def worker(rank, world_size, port, queue):
+    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group('gloo', rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        report = {}
+        for name, make, X in [('mlp', make_mlp, torch.randn(5, 6, generator=torch.Generator().manual_seed(2))),
+                              ('attention', make_attention,
+                               torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(3)))]:
+            net = tp.ParallelMLP(make()) if name == 'mlp' else tp.ParallelSelfAttention(make())
+            X = X.clone().requires_grad_()
+            with count_calls(['all_reduce']) as forward:
+                out = net(X)
+            with count_calls(['all_reduce']) as backward:
+                (out * torch.arange(out.numel()).view_as(out).sin()).sum().backward()
+            # plain lists: a tensor in a queue is shared memory that dies with this process
+            report[name] = dict(out=out.tolist(), grads=[p.grad.tolist() for p in net.parameters()],
+                                x_grad=X.grad.tolist(), calls=[forward['all_reduce']['calls'],
+                                                               backward['all_reduce']['calls']])
+        queue.put((rank, report))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope='module')
+def reports():
+    world_size = 2
+    ctx = mp.get_context('spawn')
+    queue = ctx.Queue()
+    port = d2lpar.free_port()
+    procs = [ctx.Process(target=worker, args=(r, world_size, port, queue)) for r in range(world_size)]
+    for p in procs:
+        p.start()
+    results = {}
+    try:
+        while len(results) < world_size:  # fail fast when a rank dies instead of waiting for it
+            try:
+                rank, report = queue.get(timeout=1)
+                results[rank] = report
+            except queue_module.Empty:
+                assert all(p.exitcode in (None, 0) for p in procs), 'a rank failed; see its traceback'
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    assert all(p.exitcode == 0 for p in procs)
+    return results
+
+
+def test_parallel_mlp_equals_the_unsplit_mlp(reports):
+    X = torch.randn(5, 6, generator=torch.Generator().manual_seed(2))
+    out, (w1, b1, w2, b2, x_grad) = reference(make_mlp, X)
+    for rank, report in reports.items():
+        r = report['mlp']
+        torch.testing.assert_close(torch.tensor(r['out']), out)
+        got_w1, got_b1, got_w2, got_b2 = map(torch.tensor, r['grads'])
+        torch.testing.assert_close(got_w1, w1.chunk(2, 0)[rank])  # a block of rows
+        torch.testing.assert_close(got_b1, b1.chunk(2)[rank])
+        torch.testing.assert_close(got_w2, w2.chunk(2, 1)[rank])  # a block of columns
+        torch.testing.assert_close(got_b2, b2)  # the whole bias, on every rank
+        torch.testing.assert_close(torch.tensor(r['x_grad']), x_grad)
+        assert r['calls'] == [1, 1]  # one all-reduce forward (g), one backward (f)
+
+
+def test_parallel_attention_splits_the_heads(reports):
+    X = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(3))
+    out, grads = reference(make_attention, X)
+    *params, x_grad = grads
+    for rank, report in reports.items():
+        r = report['attention']
+        torch.testing.assert_close(torch.tensor(r['out']), out)
+        got = list(map(torch.tensor, r['grads']))
+        # q, k, v: weight rows and bias blocks of this rank's two heads; out: columns, whole bias
+        want = [g.chunk(2, 0)[rank] for g in params[:6]] + [params[6].chunk(2, 1)[rank], params[7]]
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w)
+        torch.testing.assert_close(torch.tensor(r['x_grad']), x_grad)
+        assert r['calls'] == [1, 1]
+
+
+def test_attend_equals_torch_scaled_dot_product_attention():
+    q, k, v = torch.randn(3, 2, 5, 12).unbind(0)
+    want = nn.functional.scaled_dot_product_attention(
+        *(t.view(2, 5, 3, 4).transpose(1, 2) for t in (q, k, v))).transpose(1, 2).reshape(2, 5, 12)
+    torch.testing.assert_close(tp.attend(q, k, v, 4), want)
+
+
+def test_communication_bytes_formulas():
+    got = tp.communication_bytes(64, 256, 32)
+    assert got == {'data': (64 * 256 * 2 + 256 + 64) * 4, 'tensor': 2 * 32 * 64 * 4,
+                   'pipeline': 2 * 32 * 256 * 4}
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(RuntimeError, match='ColumnParallelLinear: no process group'):
+        tp.ColumnParallelLinear(nn.Linear(4, 4))
+    with pytest.raises(TypeError, match='ParallelMLP: mlp must be'):
+        tp.ParallelMLP(nn.Linear(4, 4))
+    with pytest.raises(ValueError, match='SelfAttention: dim'):
+        tp.SelfAttention(10, num_heads=4)
+    with pytest.raises(ValueError, match='attend: the 10 features'):
+        tp.attend(*torch.randn(3, 1, 2, 10).unbind(0), 4)
+    with pytest.raises(ValueError, match='communication_bytes: batch_size'):
+        tp.communication_bytes(4, 8, 0)
