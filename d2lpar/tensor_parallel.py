@@ -207,14 +207,14 @@ class ParallelSelfAttention(nn.Module):
 
 @checked(_check_communication_bytes)
 def communication_bytes(num_inputs, num_hiddens, batch_size, bytes_per_value=4):
-    """Return the bytes each strategy communicates per step for Linear-activation-Linear MLP.
+    """Return the bytes a rank hands to communication per step for a Linear-act-Linear MLP.
 
-    'data': the gradients, all-reduced; 'tensor': the output in forward and the
-    input's gradient in backward, all-reduced; 'pipeline': the hidden activations
-    sent across the cut between the linears, and their gradients sent back.
+    'data': every gradient, all-reduced; 'tensor': the output in forward and the
+    input's gradient in backward, all-reduced; 'pipeline' (2 stages, cut between
+    the linears): stage 0 sends the hidden activations, stage 1 their gradients.
     """
     d, h, B = num_inputs, num_hiddens, batch_size
     num_params = d * h + h + h * d + d
     return {'data': num_params * bytes_per_value,
             'tensor': 2 * B * d * bytes_per_value,
-            'pipeline': 2 * B * h * bytes_per_value}
+            'pipeline': B * h * bytes_per_value}
