@@ -10,6 +10,7 @@ group on the same half. Every rank compares its parameters after --steps SGD ste
 one process trained on the whole batches, and hands back the differences and what it holds.
 """
 import argparse
+import logging
 import warnings
 
 import torch
@@ -24,6 +25,9 @@ from d2lpar.distributed import default_timeout, emit_result, exit_now
 
 # FSDP2 warns that a wrapped module returned a view (in-place ops on it would skip a hook); we make none.
 warnings.filterwarnings('ignore', message='FSDP2-wrapped module .* returned a view tensor')
+# full_tensor() of a 2D-sharded parameter warns that it gathers one mesh dimension at a time;
+# we call it only to compare, after training.
+logging.getLogger('torch.distributed.tensor._redistribute').setLevel(logging.ERROR)
 parser = argparse.ArgumentParser()
 parser.add_argument('--steps', type=int, default=3)
 args = parser.parse_args()
