@@ -23,6 +23,10 @@ REQUIRED = {
     '10_sharding': ['model_state_bytes', 'pad_to_shards', 'Zero1', 'Zero2', 'Zero3'],
     '04_model_parallel': ['ModelParallel', 'pipeline_schedule', 'bubble_fraction', 'idle_fraction',
                           'gpipe_step'],
+    '11_tensor_pipeline': ['CopyToParallel', 'ReduceFromParallel', 'copy_to_parallel',
+                           'reduce_from_parallel', 'ColumnParallelLinear', 'RowParallelLinear',
+                           'ParallelMLP', 'attend', 'SelfAttention', 'ParallelSelfAttention',
+                           'communication_bytes'],
 }
 
 
