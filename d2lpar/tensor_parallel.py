@@ -74,6 +74,9 @@ def _check_parallel_attention(self, attention):
 
 
 def _check_attend(q, k, v, head_dim):
+    if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
+        raise TypeError('attend: q, k and v must be tensors (batch, tokens, features), got '
+                        f'{type(q).__name__}, {type(k).__name__}, {type(v).__name__}')
     if not (q.shape == k.shape == v.shape) or q.dim() != 3:
         raise ValueError('attend: q, k and v must have the same shape (batch, tokens, features), '
                          f'got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}')

@@ -138,3 +138,15 @@ def test_bad_arguments_are_named():
         tp.attend(*torch.randn(3, 1, 2, 10).unbind(0), 4)
     with pytest.raises(ValueError, match='communication_bytes: batch_size'):
         tp.communication_bytes(4, 8, 0)
+
+
+@pytest.mark.parametrize('bad', [None, 'abc', -1, 0, 2.5, float('nan'), True, [], torch.ones(3)])
+def test_bad_values_get_a_named_error(bad):
+    calls = [lambda: tp.attend(bad, torch.ones(1, 2, 4), torch.ones(1, 2, 4), 2),
+             lambda: tp.attend(*torch.ones(3, 1, 2, 4).unbind(0), bad),
+             lambda: tp.SelfAttention(bad, 2), lambda: tp.SelfAttention(8, bad),
+             lambda: tp.communication_bytes(bad, 8, 4), lambda: tp.communication_bytes(4, 8, bad),
+             lambda: tp.ParallelMLP(bad), lambda: tp.ParallelSelfAttention(bad)]
+    for call in calls:
+        with pytest.raises((TypeError, ValueError), match='attend|SelfAttention|communication_bytes|ParallelMLP'):
+            call()
