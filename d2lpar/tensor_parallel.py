@@ -97,7 +97,7 @@ class CopyToParallel(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, X):
-        return X.view_as(X)
+        return X.view_as(X)  # no copy; a new tensor, so autograd records this function
 
     @staticmethod
     def backward(ctx, grad):
@@ -111,7 +111,7 @@ class ReduceFromParallel(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, X):
-        X = X.clone()
+        X = X.clone()  # all_reduce works in place; the caller's tensor stays this rank's own
         dist.all_reduce(X)
         return X
 
