@@ -150,3 +150,11 @@ def test_bad_values_get_a_named_error(bad):
     for call in calls:
         with pytest.raises((TypeError, ValueError), match='attend|SelfAttention|communication_bytes|ParallelMLP'):
             call()
+
+
+def test_notebook_11_scripts_open_with_the_command_that_runs_them():
+    from pathlib import Path
+    scripts = Path(__file__).resolve().parent.parent / 'notebooks' / 'scripts'
+    for name, nproc in [('tensor_parallel.py', 2), ('pipeline_stages.py', 2), ('parallel_2d.py', 4)]:
+        run = [line for line in (scripts / name).read_text().splitlines()[:4] if line.startswith('Run:  ')]
+        assert run and f'--nproc-per-node={nproc} scripts/{name}' in run[0], name
