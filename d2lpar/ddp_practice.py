@@ -147,17 +147,12 @@ def _check_loader_workers(nproc_per_node, cores=None):
         positive_int(cores, 'loader_workers: cores')
 
 
-def _usable_cores():
-    """Return the cores this process may run on (its affinity where the OS says, else all)."""
-    if hasattr(os, 'sched_getaffinity'):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
 @checked(_check_loader_workers)
 def loader_workers(nproc_per_node, cores=None):
     """Return DataLoader workers per rank so that workers x ranks fit the cores."""
-    cores = cores or _usable_cores()  # a container or taskset may allow fewer than cpu_count
+    if cores is None:  # a container or taskset may allow fewer cores than os.cpu_count()
+        cores = (len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity')
+                 else os.cpu_count())
     return cores // nproc_per_node  # 0: load in the rank's own process
 
 
@@ -222,19 +217,24 @@ def overlap_report(intervals):
 
 
 def plot_comm_timeline(intervals, path=None, title='one DDP step, rank 0'):
-    """Draw gradient computations and allreduces on one time axis (ms); save a PNG to `path`."""
-    from matplotlib import pyplot as plt
-    rows = [('gradients (autograd)', 'autograd::engine', 'tab:blue'),
-            ('allreduce launched', 'c10d::allreduce_', 'tab:orange'),
-            ('allreduce work (gloo/NCCL thread)', ('gloo:all_reduce', 'nccl:all_reduce'),
-             'tab:red')]
+    """Draw backward, gradient computations and allreduces on one time axis (ms); save a PNG."""
+    from matplotlib.figure import Figure  # no pyplot: no global state, no auto-display
     t0 = min(e[1] for e in intervals)
-    fig, ax = plt.subplots(figsize=(7, 2.2))
-    for y, (label, prefix, color) in enumerate(rows):
-        spans = [((e[1] - t0) / 1e3, max((e[2] - e[1]) / 1e3, 0.02)) for e in intervals
-                 if e[0].startswith(prefix)]
-        ax.broken_barh(spans, (y - 0.35, 0.7), color=color)
-    ax.set_yticks(range(len(rows)), [r[0] for r in rows])
+
+    def spans(prefix):
+        return [((e[1] - t0) / 1e3, max((e[2] - e[1]) / 1e3, 0.02)) for e in intervals
+                if e[0].startswith(prefix)]
+
+    fig = Figure(figsize=(7, 2.6))
+    ax = fig.subplots()
+    ax.broken_barh(spans('backward'), (-0.35, 0.7), color='lightgray')
+    ax.broken_barh(spans('autograd::engine'), (0.65, 0.7), color='tab:blue')
+    ax.broken_barh(spans('c10d::allreduce_'), (1.65, 0.7), color='tab:orange')
+    work = spans(('gloo:all_reduce', 'nccl:all_reduce'))
+    for i, span in enumerate(work):  # one thin lane per bucket: they overlap each other
+        ax.broken_barh([span], (2.65 + 0.7 * i / len(work), 0.7 / len(work)), color='tab:red')
+    ax.set_yticks(range(4), ['backward()', 'gradients (autograd)', 'allreduce launched',
+                             'allreduce work (gloo/NCCL)'])
     ax.set_xlabel('time since the step began (ms)')
     ax.set_title(title)
     ax.invert_yaxis()

@@ -13,6 +13,8 @@ import os
 import statistics
 import time
 
+os.environ.setdefault('KINETO_LOG_LEVEL', '5')  # the profiler's GPU probe on CPU-only machines
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -264,7 +266,7 @@ def part_profile(rank, world, device, trace_dir, width=256, depth=6, steps=3):
     prof.export_chrome_trace(path)
     intervals = profile_intervals(prof)
     span = next(e for e in intervals if e[0] == 'step 1')  # the middle step, for the picture
-    emit_result(part='profile', trace=path, buckets=depth + 1, steps=steps,
+    emit_result(part='profile', trace=path, steps=steps,
                 report=overlap_report(intervals),
                 intervals=[e for e in intervals if span[1] <= e[1] <= span[2]])
 
