@@ -1,4 +1,4 @@
-"""What real DDP training jobs need (notebook 7): accumulation, mixed precision, uneven inputs, evaluation.
+"""DDP in practice (notebook 7): accumulation, mixed precision, uneven inputs, evaluation.
 
 The functions a notebook cell writes (d2l's `#@save`) come first: one
 optimizer step over k micro-batches with `no_sync`, a training step under
@@ -157,7 +157,7 @@ def loader_workers(nproc_per_node, cores=None):
 
 
 def counting_backend(graphs, backend):
-    """Return a torch.compile backend that appends each graph it gets to `graphs`, then compiles it."""
+    """Return a torch.compile backend that records each graph in `graphs`, then compiles it."""
     compile_fn = torch._dynamo.lookup_backend(backend)
 
     def compile_graph(gm, example_inputs):
@@ -179,7 +179,7 @@ def cxx_compiler():
 def profile_intervals(prof, names=('backward', 'autograd::engine::evaluate_function',
                                    'c10d::allreduce_', 'gloo:all_reduce', 'nccl:all_reduce',
                                    'step')):
-    """Return [(name, start_us, end_us, thread)] of a profile's events whose name starts with `names`."""
+    """Return [(name, start_us, end_us, thread)] of the events whose names start with `names`."""
     found = []
     for event in prof.events():
         if event.name.startswith(tuple(names)):

@@ -290,18 +290,19 @@ def part_loader(rank, world, env, device, n=40, batch_size=4):
     sampler = DistributedSampler(WhoLoads(n), shuffle=True, seed=0)
     loader = DataLoader(WhoLoads(n), batch_size, sampler=sampler, num_workers=workers,
                         persistent_workers=workers > 0, pin_memory=device.type == 'cuda')
-    epochs = []
+    epochs, pinned = [], False
     for epoch in range(2):
         sampler.set_epoch(epoch)  # a new shuffle, the same on every rank
         indices, pids = [], set()
         for i, pid in loader:
             indices += i.tolist()
             pids |= set(pid.tolist())
+            pinned = device.type == 'cuda' and i.is_pinned()  # page-locked, ready to copy
         epochs.append({'indices': indices, 'pids': sorted(pids)})
     net = ddp(make_net(), device)
-    emit_result(part='loader', workers=workers, cores=len(os.sched_getaffinity(0))
-                if hasattr(os, 'sched_getaffinity') else os.cpu_count(),
-                pid=os.getpid(), epochs=epochs, plain_has_device=hasattr(make_net(), 'device'),
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
+    emit_result(part='loader', workers=workers, cores=cores, pid=os.getpid(), epochs=epochs,
+                pinned=pinned, plain_has_device=hasattr(make_net(), 'device'),
                 param_device=str(next(net.parameters()).device),
                 module_is_mlp=isinstance(net.module, MLP) and not isinstance(net, MLP))
 
@@ -348,7 +349,7 @@ def part_compile(rank, world, device, backend, steps=5):
             runs.append(time.perf_counter() - start)
         times[name] = statistics.median(runs)
     emit_result(part='compile', backend=backend, graphs_with_optimizer=counts[True],
-                graphs_without=counts[False], graphs=len(graphs), buckets=len(widths) - 1,
+                graphs_without=counts[False], graphs=len(graphs), layers=len(widths) - 1,
                 out_diff=max_diff(out_compiled.detach().cpu(), out_eager.detach().cpu()),
                 grad_diff=grad_diff, compile_seconds=compile_seconds,
                 eager_step=times['eager'], compiled_step=times['compiled'])
