@@ -248,7 +248,7 @@ def part_evaluate(rank, world, device, net, n=101, batch_size=16):
 def part_profile(rank, world, device, trace_dir, width=256, depth=6, steps=3):
     """Profile a few DDP steps; export a Chrome trace; report when allreduces ran."""
     net = ddp(make_net((16,) + (width,) * depth + (4,)), device,
-              bucket_cap_mb=width * width * 4 / 2**20)  # one Linear layer per bucket
+              bucket_cap_mb=width * width * 4 / 2**20)  # about a layer per bucket
     X, y = make_data(64, seed=5)
     X, y = X.to(device), y.to(device)
     loss_fn = nn.CrossEntropyLoss()
