@@ -248,3 +248,26 @@ def test_bad_arguments_are_named():
         ddp_practice.train_uneven(net, opt, [], nn.functional.cross_entropy)
     with pytest.raises(RuntimeError, match='evaluate_distributed: no process group'):
         ddp_practice.evaluate_distributed(net, torch.utils.data.TensorDataset(*data(3)), 2)
+
+
+def test_profile_intervals_keeps_the_named_events_in_time_order(tmp_path):
+    from torch.profiler import ProfilerActivity, profile, record_function
+    net = make_net()
+    X, y = data(8)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with record_function('step 0'):
+            loss = nn.functional.cross_entropy(net(X), y)
+            with record_function('backward'):
+                loss.backward()
+    intervals = ddp_practice.profile_intervals(prof)
+    names = [e[0] for e in intervals]
+    assert names[0] == 'step 0' and 'backward' in names
+    assert any(n.startswith('autograd::engine::evaluate_function') for n in names)
+    assert not any(n.startswith('aten::') for n in names)  # only the names asked for
+    assert [e[1] for e in intervals] == sorted(e[1] for e in intervals)
+    assert all(start <= end for _, start, end, _ in intervals)
+    # no allreduce in one process: the report skips the step rather than invent one
+    assert ddp_practice.overlap_report(intervals) == []
+    png = tmp_path / 'timeline.png'
+    ddp_practice.plot_comm_timeline(intervals, png)
+    assert png.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
