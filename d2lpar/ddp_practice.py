@@ -130,6 +130,7 @@ def evaluate_distributed(net, dataset, batch_size):
     num_real = len(range(rank, len(dataset), world_size))  # what follows them is padding
     device = next(net.parameters()).device
     counts, seen = torch.zeros(2, dtype=torch.int64, device=device), 0
+    was_training = net.training
     net.eval()
     with torch.no_grad():
         for X, y in DataLoader(dataset, batch_size, sampler=sampler):
@@ -137,6 +138,7 @@ def evaluate_distributed(net, dataset, batch_size):
             seen += len(y)
             hits = (net(X.to(device)).argmax(1) == y.to(device))[:keep]
             counts += torch.stack([hits.sum(), torch.tensor(keep, device=device)])
+    net.train(was_training)
     dist.all_reduce(counts)  # SUM: correct and total over all ranks
     return counts[0].item(), counts[1].item()
 

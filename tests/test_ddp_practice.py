@@ -105,8 +105,10 @@ def worker(rank, port, queue):
         evaluations = {}
         for n in (7, 1, 8):  # 1 pad, rank 1 all padding, no padding
             Xe, ye = data(n, seed=3)
+            evaluated = make_net().train()
             evaluations[n] = ddp_practice.evaluate_distributed(
-                make_net(), torch.utils.data.TensorDataset(Xe, ye), 3)
+                evaluated, torch.utils.data.TensorDataset(Xe, ye), 3)
+            assert evaluated.training  # back in the mode it came in
         out['evaluate'] = evaluations
         queue.put((rank, out))
     finally:
