@@ -262,6 +262,7 @@ def part_profile(rank, world, device, trace_dir, width=256, depth=6, steps=3):
                 loss = loss_fn(net(X), y)
                 with record_function('backward'):
                     loss.backward()
+    os.makedirs(trace_dir, exist_ok=True)
     path = os.path.join(trace_dir, f'ddp_trace_rank{rank}.json')
     prof.export_chrome_trace(path)
     intervals = profile_intervals(prof)
