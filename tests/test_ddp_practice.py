@@ -273,3 +273,12 @@ def test_profile_intervals_keeps_the_named_events_in_time_order(tmp_path):
     png = tmp_path / 'timeline.png'
     ddp_practice.plot_comm_timeline(intervals, png)
     assert png.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+def test_the_script_opens_with_its_command_and_ends_with_exit_now():
+    from pathlib import Path
+    script = Path(__file__).resolve().parent.parent / 'notebooks' / 'scripts' / 'ddp_practice.py'
+    text = script.read_text()
+    run = [line for line in text.splitlines()[:4] if line.startswith('Run:  ')]
+    assert run and 'torchrun' in run[0] and 'scripts/ddp_practice.py' in run[0]
+    assert '\n    exit_now()' in text  # DDP's gloo threads would abort a normal teardown
