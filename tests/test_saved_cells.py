@@ -21,6 +21,8 @@ REQUIRED = {
     '08_lenet_data_parallel': ['init_lenet_params', 'lenet', 'get_params', 'allreduce', 'scatter',
                                'split_batch', 'train_batch', 'train'],
     '10_sharding': ['model_state_bytes', 'pad_to_shards', 'Zero1', 'Zero2', 'Zero3'],
+    '07_ddp_practice': ['accumulate_step', 'amp_step', 'counting_backend', 'train_uneven',
+                        'evaluate_distributed', 'loader_workers'],
     '04_model_parallel': ['ModelParallel', 'pipeline_schedule', 'bubble_fraction', 'idle_fraction',
                           'gpipe_step'],
     '11_tensor_pipeline': ['CopyToParallel', 'ReduceFromParallel', 'copy_to_parallel',

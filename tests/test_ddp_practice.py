@@ -1,0 +1,284 @@
+"""d2lpar.ddp_practice against single-process PyTorch: accumulation, join, evaluation, workers."""
+import datetime
+import os
+import queue as queue_module
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import d2lpar
+from d2lpar import ddp_practice
+from d2lpar.distributed import count_calls
+
+WORLD, K, MICRO, LR = 2, 3, 4, 0.1
+
+
+def make_net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 3))
+
+
+def data(n, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 6, generator=g), torch.randint(0, 3, (n,), generator=g)
+
+
+def flat(net):
+    return torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+
+
+def big_batch_reference():
+    """One SGD step of one process on the global batch (all ranks' micro-batches)."""
+    X, y = data(WORLD * K * MICRO)
+    net = make_net()
+    opt = torch.optim.SGD(net.parameters(), lr=LR)
+    nn.functional.cross_entropy(net(X), y).backward()
+    opt.step()
+    return flat(net)
+
+
+def join_reference(counts, batch=5):
+    """SGD where ranks without a batch contribute zero and the mean divides by the world size."""
+    X, y = data(batch * sum(counts), seed=2)
+    net = make_net()
+    opt = torch.optim.SGD(net.parameters(), lr=LR)
+    shards, start = [], 0
+    for c in counts:
+        shards.append([(X[start + i * batch:start + (i + 1) * batch],
+                        y[start + i * batch:start + (i + 1) * batch]) for i in range(c)])
+        start += c * batch
+    for t in range(max(counts)):
+        opt.zero_grad()
+        for r, c in enumerate(counts):
+            if t < c:
+                (nn.functional.cross_entropy(net(shards[r][t][0]), shards[r][t][1])
+                 / len(counts)).backward()
+        opt.step()
+    return flat(net), shards
+
+
+def worker(rank, port, queue):
+    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group('gloo', rank=rank, world_size=WORLD,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        out = {}
+        X, y = data(WORLD * K * MICRO)
+        lo = rank * K * MICRO
+        mine = [(X[lo + i:lo + i + MICRO], y[lo + i:lo + i + MICRO])
+                for i in range(0, K * MICRO, MICRO)]
+        calls = {}
+        for name, sync_every in (('no_sync', False), ('every', True)):
+            net = DDP(make_net(), bucket_cap_mb=0.0005)  # about 500 B: several buckets
+            net.register_comm_hook(None, default_hooks.allreduce_hook)
+            nn.functional.cross_entropy(net(X[:2]), y[:2]).backward()  # buckets are set now
+            opt = torch.optim.SGD(net.parameters(), lr=LR)
+            with count_calls(('all_reduce',)) as counted:
+                if sync_every:
+                    opt.zero_grad()
+                    for Xm, ym in mine:
+                        (nn.functional.cross_entropy(net(Xm), ym) / K).backward()
+                    opt.step()
+                else:
+                    ddp_practice.accumulate_step(net, opt, mine,
+                                                 nn.functional.cross_entropy)
+            calls[name] = counted['all_reduce']['calls']
+            out[name] = flat(net.module).tolist()
+        with count_calls(('all_reduce',)) as counted:
+            nn.functional.cross_entropy(net(X[:2]), y[:2]).backward()
+        calls['one_backward'] = counted['all_reduce']['calls']
+        out['calls'] = calls
+
+        counts = [2, 4]
+        _, shards = join_reference(counts)
+        net = DDP(make_net())
+        steps = ddp_practice.train_uneven(net, torch.optim.SGD(net.parameters(), lr=LR),
+                                          shards[rank], nn.functional.cross_entropy)
+        out['join'] = (steps, flat(net.module).tolist())
+
+        evaluations = {}
+        for n in (7, 1, 8):  # 1 pad, rank 1 all padding, no padding
+            Xe, ye = data(n, seed=3)
+            evaluated = make_net().train()
+            evaluations[n] = ddp_practice.evaluate_distributed(
+                evaluated, torch.utils.data.TensorDataset(Xe, ye), 3)
+            assert evaluated.training  # back in the mode it came in
+        out['evaluate'] = evaluations
+        queue.put((rank, out))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope='module')
+def ranks():
+    ctx = mp.get_context('spawn')
+    queue = ctx.Queue()
+    port = d2lpar.free_port()
+    procs = [ctx.Process(target=worker, args=(r, port, queue)) for r in range(WORLD)]
+    for p in procs:
+        p.start()
+    results = {}
+    try:
+        while len(results) < WORLD:  # fail fast when a rank dies instead of waiting for it
+            try:
+                rank, out = queue.get(timeout=1)
+                results[rank] = out
+            except queue_module.Empty:
+                assert all(p.exitcode in (None, 0) for p in procs), 'a rank failed; see stderr'
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    return results
+
+
+def test_accumulation_equals_one_step_on_the_global_batch(ranks):
+    want = big_batch_reference()
+    for rank in range(WORLD):
+        for name in ('no_sync', 'every'):
+            torch.testing.assert_close(torch.tensor(ranks[rank][name]), want, rtol=1e-5,
+                                       atol=1e-6)
+    assert not torch.allclose(want, flat(make_net()))  # the step moved the parameters
+
+
+def test_no_sync_allreduces_each_bucket_once_instead_of_k_times(ranks):
+    for rank in range(WORLD):
+        calls = ranks[rank]['calls']
+        buckets = calls['one_backward']
+        assert buckets >= 2  # the small bucket cap made several buckets
+        assert calls['no_sync'] == buckets and calls['every'] == K * buckets
+
+
+def test_join_finishes_uneven_ranks_with_the_expected_update(ranks):
+    want, _ = join_reference([2, 4])
+    assert [ranks[r]['join'][0] for r in range(WORLD)] == [2, 4]
+    for rank in range(WORLD):
+        torch.testing.assert_close(torch.tensor(ranks[rank]['join'][1]), want, rtol=1e-5,
+                                   atol=1e-6)
+
+
+def test_distributed_evaluation_counts_each_sample_once(ranks):
+    net = make_net()
+    for n in (7, 1, 8):
+        X, y = data(n, seed=3)
+        with torch.no_grad():
+            correct = (net(X).argmax(1) == y).sum().item()
+        for rank in range(WORLD):
+            assert tuple(ranks[rank]['evaluate'][n]) == (correct, n)
+
+
+def test_amp_step_stays_close_to_float32():
+    X, y = data(16)
+    net32, net16 = make_net(), make_net()
+    loss32 = nn.functional.cross_entropy(net32(X), y)
+    loss16 = ddp_practice.amp_step(net16, torch.optim.SGD(net16.parameters(), lr=LR), X, y,
+                                   nn.functional.cross_entropy)
+    assert loss16.dtype == torch.float32
+    assert abs(loss16.item() - loss32.item()) < 1e-2 * abs(loss32.item())
+    assert all(p.dtype == torch.float32 for p in net16.parameters())
+    assert not torch.equal(flat(net16), flat(make_net()))  # it stepped
+
+
+def test_loader_workers_fit_the_cores():
+    assert ddp_practice.loader_workers(2, cores=2) == 1
+    assert ddp_practice.loader_workers(4, cores=2) == 0
+    assert ddp_practice.loader_workers(3, cores=8) == 2
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
+    assert ddp_practice.loader_workers(1) == usable
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match='loader_workers: nproc_per_node'):
+            ddp_practice.loader_workers(bad)
+
+
+def test_counting_backend_sees_the_graph_and_compiles_it():
+    import torch._dynamo
+    graphs = []
+    torch._dynamo.reset()
+    try:
+        net = make_net()
+        compiled = torch.compile(net, backend=ddp_practice.counting_backend(graphs, 'eager'))
+        X, _ = data(4)
+        torch.testing.assert_close(compiled(X), net(X))
+    finally:
+        torch._dynamo.reset()
+    assert len(graphs) == 1 and isinstance(graphs[0], torch.fx.GraphModule)
+
+
+def test_cxx_compiler_is_found_on_the_path_or_none(monkeypatch, tmp_path):
+    monkeypatch.setenv('PATH', str(tmp_path))
+    monkeypatch.delenv('CXX', raising=False)
+    assert ddp_practice.cxx_compiler() is None
+    fake = tmp_path / 'g++'
+    fake.write_text('#!/bin/sh\n')
+    fake.chmod(0o755)
+    assert ddp_practice.cxx_compiler() == str(fake)
+
+
+def test_overlap_report_reads_launches_before_the_last_gradient():
+    intervals = [('step 0', 0, 100, 1), ('backward', 10, 99, 1),
+                 ('autograd::engine::evaluate_function: A', 12, 20, 1),
+                 ('c10d::allreduce_', 21, 22, 1), ('gloo:all_reduce', 22, 40, 7),
+                 ('autograd::engine::evaluate_function: B', 30, 50, 1)]
+    (step,) = ddp_practice.overlap_report(intervals)
+    assert step['first_launch'] == 21 and step['last_grad_start'] == 30
+    assert step['grads_end'] == 50 and step['work_overlap_us'] == 18 and step['allreduces'] == 1
+
+
+def test_bad_arguments_are_named():
+    net = make_net()
+    opt = torch.optim.SGD(net.parameters(), lr=LR)
+    with pytest.raises(TypeError, match='accumulate_step: net must be a DistributedDataParallel'):
+        ddp_practice.accumulate_step(net, opt, [data(2)], nn.functional.cross_entropy)
+
+    class Syncless(nn.Module):  # has no_sync, so only the batches are wrong
+        def no_sync(self):
+            raise AssertionError
+
+    with pytest.raises(ValueError, match='accumulate_step: micro_batches is empty'):
+        ddp_practice.accumulate_step(Syncless(), opt, [], nn.functional.cross_entropy)
+    with pytest.raises(TypeError, match='accumulate_step: each micro-batch'):
+        ddp_practice.accumulate_step(Syncless(), opt, [torch.ones(2)],
+                                     nn.functional.cross_entropy)
+    with pytest.raises(TypeError, match='train_uneven: net must be'):
+        ddp_practice.train_uneven(net, opt, [], nn.functional.cross_entropy)
+    with pytest.raises(RuntimeError, match='evaluate_distributed: no process group'):
+        ddp_practice.evaluate_distributed(net, torch.utils.data.TensorDataset(*data(3)), 2)
+
+
+def test_profile_intervals_keeps_the_named_events_in_time_order(tmp_path):
+    from torch.profiler import ProfilerActivity, profile, record_function
+    net = make_net()
+    X, y = data(8)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with record_function('step 0'):
+            loss = nn.functional.cross_entropy(net(X), y)
+            with record_function('backward'):
+                loss.backward()
+    intervals = ddp_practice.profile_intervals(prof)
+    names = [e[0] for e in intervals]
+    assert names[0] == 'step 0' and 'backward' in names
+    assert any(n.startswith('autograd::engine::evaluate_function') for n in names)
+    assert not any(n.startswith('aten::') for n in names)  # only the names asked for
+    assert [e[1] for e in intervals] == sorted(e[1] for e in intervals)
+    assert all(start <= end for _, start, end, _ in intervals)
+    # no allreduce in one process: the report skips the step rather than invent one
+    assert ddp_practice.overlap_report(intervals) == []
+    png = tmp_path / 'timeline.png'
+    ddp_practice.plot_comm_timeline(intervals, png)
+    assert png.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+def test_the_script_opens_with_its_command_and_ends_with_exit_now():
+    from pathlib import Path
+    script = Path(__file__).resolve().parent.parent / 'notebooks' / 'scripts' / 'ddp_practice.py'
+    text = script.read_text()
+    run = [line for line in text.splitlines()[:4] if line.startswith('Run:  ')]
+    assert run and 'torchrun' in run[0] and 'scripts/ddp_practice.py' in run[0]
+    assert '\n    exit_now()' in text  # DDP's gloo threads would abort a normal teardown
