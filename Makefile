@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.d2lpar-installed
 
-.PHONY: lab test html bench stress info clean
+.PHONY: lab test html bench stress labcheck info clean
 
 # Jupyter refuses to run as root unless told to (containers often run as root).
 ROOT_FLAG := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root)
@@ -23,6 +23,10 @@ bench: $(STAMP)  ## speed comparisons, printed as ratios measured in one run
 
 stress: $(STAMP)  ## every notebook 5 times under CPU load: finds flaky cells (STRESS_FLAGS=--runs 2)
 	$(BIN)/python tests/stress.py $(STRESS_FLAGS)
+
+labcheck: $(STAMP)  ## Run All in JupyterLab in headless Chromium, every notebook (LABCHECK_FLAGS="--interrupt 'd2lpar.launch('")
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check playwright
+	$(BIN)/python tests/labcheck.py $(LABCHECK_FLAGS)
 
 info: $(STAMP)  ## what this machine has: torch, CUDA, GPUs, backends
 	$(BIN)/python -m d2lpar info
