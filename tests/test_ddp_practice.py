@@ -246,6 +246,10 @@ def test_bad_arguments_are_named():
     with pytest.raises(TypeError, match='accumulate_step: each micro-batch'):
         ddp_practice.accumulate_step(Syncless(), opt, [torch.ones(2)],
                                      nn.functional.cross_entropy)
+    with pytest.raises(ValueError, match=r'accumulate_step: micro-batches must have equal '
+                       r'sizes, got \[3, 4\]'):
+        ddp_practice.accumulate_step(Syncless(), opt, [data(3), data(4)],
+                                     nn.functional.cross_entropy)
     with pytest.raises(TypeError, match='train_uneven: net must be'):
         ddp_practice.train_uneven(net, opt, [], nn.functional.cross_entropy)
     with pytest.raises(RuntimeError, match='evaluate_distributed: no process group'):
