@@ -125,6 +125,10 @@ def _check_evaluate_distributed(net, dataset, batch_size):
         raise TypeError(f'evaluate_distributed: net must be an nn.Module (pass net.module for a '
                         f'DDP model), got {type(net).__name__}')
     positive_int(batch_size, 'evaluate_distributed: batch_size')
+    if not hasattr(dataset, '__len__'):
+        raise TypeError(f'evaluate_distributed: the dataset must have a length (a map-style '
+                        f'Dataset such as TensorDataset), got {type(dataset).__name__}; '
+                        'DistributedSampler shards by index, which an iterable dataset has not')
     if len(dataset) == 0:
         raise ValueError('evaluate_distributed: the dataset is empty; there is nothing to count')
 

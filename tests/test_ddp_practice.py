@@ -256,6 +256,17 @@ def test_bad_arguments_are_named():
         ddp_practice.evaluate_distributed(net, torch.utils.data.TensorDataset(*data(3)), 2)
 
 
+def test_evaluate_distributed_names_a_dataset_without_length(monkeypatch):
+    monkeypatch.setattr(dist, 'is_initialized', lambda: True)  # only the dataset is wrong
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter([])
+
+    with pytest.raises(TypeError, match='evaluate_distributed: the dataset must have a length'):
+        ddp_practice.evaluate_distributed(make_net(), Stream(), 2)
+
+
 def test_profile_intervals_keeps_the_named_events_in_time_order(tmp_path):
     from torch.profiler import ProfilerActivity, profile, record_function
     net = make_net()
