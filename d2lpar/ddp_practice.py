@@ -40,6 +40,13 @@ def _check_accumulate_step(net, optimizer, micro_batches, loss_fn):
         if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
             raise TypeError(f'accumulate_step: each micro-batch must be an (X, y) pair, got '
                             f'{type(batch).__name__}')
+    sizes = [len(y) for _, y in micro_batches]
+    if len(set(sizes)) > 1:
+        # Dividing each mean loss by k gives the mean over all samples only for equal sizes.
+        raise ValueError(f'accumulate_step: micro-batches must have equal sizes, got {sizes}; '
+                         'dividing each loss by k would weight their samples unequally. Split '
+                         'the batch evenly, or weight each loss by its share of the samples '
+                         '(exercise 5 of notebook 7)')
     return (net, optimizer, micro_batches, loss_fn), {}
 
 
@@ -118,6 +125,10 @@ def _check_evaluate_distributed(net, dataset, batch_size):
         raise TypeError(f'evaluate_distributed: net must be an nn.Module (pass net.module for a '
                         f'DDP model), got {type(net).__name__}')
     positive_int(batch_size, 'evaluate_distributed: batch_size')
+    if not hasattr(dataset, '__len__'):
+        raise TypeError(f'evaluate_distributed: the dataset must have a length (a map-style '
+                        f'Dataset such as TensorDataset), got {type(dataset).__name__}; '
+                        'DistributedSampler shards by index, which an iterable dataset has not')
     if len(dataset) == 0:
         raise ValueError('evaluate_distributed: the dataset is empty; there is nothing to count')
 

@@ -246,10 +246,25 @@ def test_bad_arguments_are_named():
     with pytest.raises(TypeError, match='accumulate_step: each micro-batch'):
         ddp_practice.accumulate_step(Syncless(), opt, [torch.ones(2)],
                                      nn.functional.cross_entropy)
+    with pytest.raises(ValueError, match=r'accumulate_step: micro-batches must have equal '
+                       r'sizes, got \[3, 4\]'):
+        ddp_practice.accumulate_step(Syncless(), opt, [data(3), data(4)],
+                                     nn.functional.cross_entropy)
     with pytest.raises(TypeError, match='train_uneven: net must be'):
         ddp_practice.train_uneven(net, opt, [], nn.functional.cross_entropy)
     with pytest.raises(RuntimeError, match='evaluate_distributed: no process group'):
         ddp_practice.evaluate_distributed(net, torch.utils.data.TensorDataset(*data(3)), 2)
+
+
+def test_evaluate_distributed_names_a_dataset_without_length(monkeypatch):
+    monkeypatch.setattr(dist, 'is_initialized', lambda: True)  # only the dataset is wrong
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter([])
+
+    with pytest.raises(TypeError, match='evaluate_distributed: the dataset must have a length'):
+        ddp_practice.evaluate_distributed(make_net(), Stream(), 2)
 
 
 def test_profile_intervals_keeps_the_named_events_in_time_order(tmp_path):

@@ -4,8 +4,8 @@ Run:  torchrun --standalone --nproc-per-node=2 scripts/ddp_practice.py --parts a
 
 Each part trains or evaluates the same small MLP on the same synthetic data as every
 rank's reference (computed in one process on the whole batch) and hands back what it
-measured with emit_result: one result per part, {'part': name, ...}. `--parts compile`
-runs torch.compile on the DDP model (`--backend inductor` needs a C++ compiler).
+measured with emit_result: one result per part, {'part': name, ...}. The last part,
+compile, runs torch.compile on the DDP model (`--backend inductor` needs a C++ compiler).
 """
 import argparse
 import datetime
@@ -206,6 +206,8 @@ def part_join(rank, world, device, batch=8, lr=0.1, hang_seconds=2.0):
                   moved=max_diff(flat(reference), flat(make_net())))
     # Without join: the rank with more batches waits in an allreduce no one else joins. On a
     # group of its own with a short timeout it fails after hang_seconds instead of hanging.
+    # The barrier first: a rank that arrives late must not time out DDP's constructor instead.
+    dist.barrier()
     group = dist.new_group(backend='gloo', timeout=datetime.timedelta(seconds=hang_seconds))
     cpu_net = DDP(make_net(), process_group=group)
     cpu_opt = torch.optim.SGD(cpu_net.parameters(), lr=lr)
@@ -362,7 +364,7 @@ def main():
     parser.add_argument('--trace-dir', default=None, help='where the profile part writes traces')
     parser.add_argument('--backend', default='aot_eager', help='torch.compile backend')
     args = parser.parse_args()
-    parts = PARTS[:-1] if args.parts == 'all' else tuple(args.parts.split(','))
+    parts = PARTS if args.parts == 'all' else tuple(args.parts.split(','))
     unknown = [p for p in parts if p not in PARTS]
     if unknown:
         parser.error(f'unknown parts {unknown}; choose from {PARTS}')
