@@ -85,11 +85,14 @@ diffs = {name: (p.full_tensor() - q.detach()).abs().max().item()
 held = {name: dict(placements=str(p.placements), mesh=list(p.device_mesh.mesh_dim_names or ()),
                    local=list(p.to_local().shape), full=list(p.shape))
         for name, p in net.named_parameters()}
+# Which rows of the full weight this rank's block of mlp.0.weight is (its rows are all different).
+full, local = net.mlp[0].weight.full_tensor(), net.mlp[0].weight.to_local()
+first_row = next(i for i, row in enumerate(full) if torch.equal(row, local[0]))
 moved = max((p.detach() - q).abs().max().item()
             for p, q in zip(reference.parameters(), Block().parameters()))
 print(f'rank {rank} (dp {dp_rank}, tp {mesh["tp"].get_local_rank()}): '
       f'largest difference from one process {max(diffs.values()):.1e}')
 emit_result(dp=dp_rank, tp=mesh['tp'].get_local_rank(), max_diff=diffs, held=held,
-            reference_moved=moved, steps=args.steps)
+            reference_moved=moved, steps=args.steps, mlp0_rows=[first_row, first_row + len(local)])
 dist.destroy_process_group()
 exit_now()
