@@ -23,6 +23,8 @@ REQUIRED = {
     '10_sharding': ['model_state_bytes', 'pad_to_shards', 'Zero1', 'Zero2', 'Zero3'],
     '04_model_parallel': ['ModelParallel', 'pipeline_schedule', 'bubble_fraction', 'idle_fraction',
                           'gpipe_step'],
+    '05_ddp': ['init_process', 'make_loader', 'train_epoch', 'train_ddp'],
+    '06_ddp_launching': ['save_snapshot', 'load_snapshot'],
 }
 
 
