@@ -16,7 +16,9 @@ from .ddp import check_sampler
 from .lenet import check_ring_allreduce, check_split_batch
 from .collectives import check_broadcast_schedule
 from .sharding import check_zero2_grad_shard
+from .ddp_launching import check_slurm_ranks
 
 __all__ = ['Verdict', 'check_pick_device', 'check_visible_count', 'check_load_checkpoint',
            'check_unbalanced_bubble', 'check_sampler', 'check_ring_allreduce',
-           'check_split_batch', 'check_broadcast_schedule', 'check_zero2_grad_shard']
+           'check_split_batch', 'check_broadcast_schedule', 'check_zero2_grad_shard',
+           'check_slurm_ranks']
