@@ -98,8 +98,8 @@ def init_process(backend, rank, world_size, local_rank=0, init_method='env://', 
         torch.cuda.set_device(device)  # first: NCCL and new CUDA tensors then use this GPU
     else:
         device = torch.device('cpu')
-    dist.init_process_group(backend, init_method=None if store else init_method, store=store,
-                            rank=rank, world_size=world_size, timeout=timeout,
+    dist.init_process_group(backend, init_method=None if store is not None else init_method,
+                            store=store, rank=rank, world_size=world_size, timeout=timeout,
                             device_id=device if device.type == 'cuda' else None)
     return device
 
