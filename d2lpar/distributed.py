@@ -23,7 +23,7 @@ from .devices import num_gpus
 
 __all__ = ['DistEnv', 'dist_env', 'expand_nodelist', 'torch_env_from_slurm',
            'pick_backend', 'rank_device', 'default_timeout', 'emit_result', 'exit_now',
-           'count_calls']
+           'gloo_threads', 'count_calls']
 
 BACKENDS = ('gloo', 'nccl', 'mpi')
 DEFAULT_MASTER_PORT = 29500
@@ -293,6 +293,22 @@ def exit_now(code=0):
     except (OSError, AttributeError):  # no C library to ask (an unusual platform)
         pass
     os._exit(code)
+
+
+def gloo_threads():
+    """Return the names of this process's gloo threads (None where there is no /proc)."""
+    try:
+        tasks = os.listdir('/proc/self/task')
+    except OSError:
+        return None
+    names = []
+    for task in tasks:
+        try:
+            with open(f'/proc/self/task/{task}/comm') as f:
+                names.append(f.read().strip())
+        except OSError:  # the thread ended meanwhile
+            pass
+    return sorted(name for name in names if 'gloo' in name)
 
 
 @contextlib.contextmanager

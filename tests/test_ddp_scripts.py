@@ -1,6 +1,9 @@
 """Notebook 5's training scripts: each a small diff of the last, all on one trajectory."""
 import difflib
 import re
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -22,7 +25,8 @@ def nothing_left_behind():
 
 
 def test_every_script_opens_with_the_command_that_runs_it():
-    for name in STEPS + ['ddp_anatomy.py', 'hello_dist.py', 'ddp_multinode.sbatch',
+    for name in STEPS + ['ddp_restart.py', 'debug_dist.py', 'ddp_anatomy.py', 'hello_dist.py',
+                         'ddp_multinode.sbatch',
                          'collectives_p2p.py', 'collectives_check.py', 'collectives_timing.py',
                          'collectives_miniddp.py']:
         path = SCRIPTS / name
@@ -40,6 +44,36 @@ def test_each_step_is_a_small_diff_of_the_previous():
                    if line[:1] in '+-' and not line.startswith(('+++', '---'))]
         assert len(changed) <= limit, f'{before} -> {after}: {len(changed)} changed lines'
         assert len(changed) < len(b) < 90
+
+
+def test_the_restart_script_is_a_small_diff_of_the_torchrun_one():
+    a = (SCRIPTS / 'ddp_torchrun.py').read_text().splitlines()
+    b = (SCRIPTS / 'ddp_restart.py').read_text().splitlines()
+    changed = [line for line in difflib.unified_diff(a, b, lineterm='', n=0)
+               if line[:1] in '+-' and not line.startswith(('+++', '---'))]
+    assert len(changed) <= 45 and len(b) < 90
+
+
+SPAWN_FROM_MAIN = textwrap.dedent('''
+    import torch.multiprocessing as mp
+
+    def hello(rank):  # lives in __main__, which a spawned child cannot import (as in a notebook)
+        print('hello from', rank)
+
+    try:
+        mp.spawn(hello, nprocs=1, join=True)
+    except mp.ProcessExitedException as e:
+        print('parent caught', type(e).__name__)
+''')
+
+
+def test_mp_spawn_cannot_run_a_function_defined_in_main():
+    # What notebook 5 says about mp.spawn and notebook functions, with the real mp.spawn: the
+    # child gets the function by name and cannot find it. Its stderr reaches this pipe.
+    done = subprocess.run([sys.executable, '-c', SPAWN_FROM_MAIN], capture_output=True,
+                          text=True, timeout=120)
+    assert 'parent caught ProcessExitedException' in done.stdout, done.stdout + done.stderr
+    assert "Can't get attribute 'hello'" in done.stderr, done.stderr
 
 
 def flat(values):

@@ -29,6 +29,8 @@ REQUIRED = {
                            'reduce_from_parallel', 'ColumnParallelLinear', 'RowParallelLinear',
                            'ParallelMLP', 'attend', 'SelfAttention', 'ParallelSelfAttention',
                            'communication_bytes'],
+    '05_ddp': ['init_process', 'make_loader', 'train_epoch', 'train_ddp'],
+    '06_ddp_launching': ['save_snapshot', 'load_snapshot'],
 }
 
 

@@ -13,6 +13,7 @@ from .visible_devices import check_visible_count
 from .data_parallel import check_load_checkpoint
 from .model_parallel import _gpipe_idle, check_unbalanced_bubble
 from .ddp import check_sampler
+from .ddp_launching import check_slurm_ranks
 from .lenet import check_ring_allreduce, check_split_batch
 from .collectives import check_broadcast_schedule
 from .ddp_practice import check_accumulation
@@ -22,4 +23,4 @@ from .tensor_parallel import check_row_parallel_linear
 __all__ = ['Verdict', 'check_pick_device', 'check_visible_count', 'check_load_checkpoint',
            'check_unbalanced_bubble', 'check_sampler', 'check_ring_allreduce',
            'check_split_batch', 'check_broadcast_schedule', 'check_zero2_grad_shard',
-           'check_accumulation', 'check_row_parallel_linear']
+           'check_slurm_ranks', 'check_accumulation', 'check_row_parallel_linear']

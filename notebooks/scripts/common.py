@@ -1,16 +1,19 @@
-"""What every training script of notebook 5 shares: one data set, one model, one set of flags.
+"""What the training scripts of notebooks 5 and 6 share: one data set, one model, one set of flags.
 
-Not run by itself: `train_single.py`, `ddp_spawn.py`, `ddp_torchrun.py` and
-`ddp_multinode.py` import it (Python finds it because it sits next to them).
+Not run by itself: `train_single.py`, `ddp_spawn.py`, `ddp_torchrun.py`,
+`ddp_multinode.py` and `ddp_restart.py` import it (Python finds it because it sits
+next to them). The training itself (`make_loader`, `train_ddp`) is d2lpar.ddp's,
+written in notebook 5's cells.
 """
 import argparse
+import datetime
 import os
 
 import torch
 from torch import nn
-from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import TensorDataset
 
-from d2lpar.distributed import BACKENDS, default_timeout
+from d2lpar.distributed import BACKENDS
 
 
 def get_args(description):
@@ -24,18 +27,26 @@ def get_args(description):
     parser.add_argument('--seed', type=int, default=0)
     parser.add_argument('--backend', choices=BACKENDS, default=None,
                         help='default: nccl when every process has a GPU of its own, else gloo')
-    parser.add_argument('--timeout', type=float, default=default_timeout().total_seconds(),
-                        help='seconds init_process_group (and each collective) may wait')
+    parser.add_argument('--timeout', type=float, default=None,
+                        help='seconds init_process_group (and each collective) may wait: short '
+                             "(60) while debugging; default torch's (30 min gloo, 10 min nccl)")
     parser.add_argument('--nproc', type=int, default=2, help='processes mp.spawn starts')
     parser.add_argument('--init-method', default='env://',
                         help='env://, tcp://HOST:PORT or file:///path (mp.spawn script)')
     parser.add_argument('--ckpt', default=None, help='checkpoint file, rewritten every epoch')
     parser.add_argument('--resume', action='store_true', help='continue from --ckpt')
+    parser.add_argument('--snapshot', default='snapshot.pt',
+                        help='ddp_restart.py: snapshot file, loaded at start if it exists')
+    parser.add_argument('--fail-at-epoch', type=int, default=None,
+                        help='ddp_restart.py: rank 0 dies at the end of this epoch, first attempt')
     args = parser.parse_args()
     if args.epochs < 1 or args.batch_size < 1 or args.num_samples < args.batch_size:
         parser.error('need epochs >= 1 and 1 <= batch-size <= num-samples')
     if args.resume and not args.ckpt:
         parser.error('--resume needs --ckpt')
+    if args.timeout is not None and args.timeout <= 0:
+        parser.error('--timeout must be a positive number of seconds')
+    args.timeout = None if args.timeout is None else datetime.timedelta(seconds=args.timeout)
     return args
 
 
@@ -59,32 +70,6 @@ def make_dataset(num_samples, seed=0):
 def make_net():
     """Return the model: a small MLP (no BatchNorm, so no buffers to synchronise)."""
     return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
-
-
-def make_loader(dataset, batch_size, num_replicas, rank, seed):
-    """Return (sampler, loader): this rank's shard, shuffled per epoch, in full batches."""
-    # With num_replicas=1 this is a plain shuffle; with W replicas, rank r gets
-    # positions r, r+W, r+2W, ... of the same permutation, so the W local batches
-    # of one step together are exactly the global batch of a single process.
-    sampler = DistributedSampler(dataset, num_replicas=num_replicas, rank=rank,
-                                 shuffle=True, seed=seed)
-    batches = BatchSampler(sampler, batch_size, drop_last=True)
-    return sampler, DataLoader(dataset, batch_sampler=batches)
-
-
-def train_epoch(net, train_iter, optimizer, device):
-    """Train one epoch; return the sum of the batch losses and the number of batches."""
-    loss_fn = nn.CrossEntropyLoss()
-    total, n = torch.zeros((), device=device), 0
-    for X, y in train_iter:
-        X, y = X.to(device), y.to(device)
-        optimizer.zero_grad()
-        loss = loss_fn(net(X), y)
-        loss.backward()  # under DDP, gradients are averaged across ranks here
-        optimizer.step()
-        total += loss.detach()
-        n += 1
-    return total, n
 
 
 def flat_params(net):

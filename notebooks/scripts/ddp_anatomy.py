@@ -2,8 +2,6 @@
 
 Run:  torchrun --standalone --nproc-per-node=2 scripts/ddp_anatomy.py
 """
-import os
-
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -64,22 +62,6 @@ def unused_parameters(device, find_unused_parameters):
     return None
 
 
-def gloo_threads():
-    """Return the names of this process's gloo threads (None where there is no /proc)."""
-    try:
-        tasks = os.listdir('/proc/self/task')
-    except OSError:
-        return None
-    names = []
-    for task in tasks:
-        try:
-            with open(f'/proc/self/task/{task}/comm') as f:
-                names.append(f.read().strip())
-        except OSError:  # the thread ended meanwhile
-            pass
-    return sorted(name for name in names if 'gloo' in name)
-
-
 def main():
     env = dist_env()
     backend = pick_backend(env.local_world_size)
@@ -102,8 +84,7 @@ def main():
     dist.destroy_process_group()
     emit_result(rank=env.rank, backend=backend, shards=shards, X=X, Y=Y, mean=mean,
                 var=var, converted=[type(m).__name__ for m in net], syncbn=syncbn,
-                unused_error=errors[False], unused_error_with_find=errors[True],
-                gloo_threads_after_destroy=gloo_threads())
+                unused_error=errors[False], unused_error_with_find=errors[True])
     exit_now()  # DDP keeps gloo's threads alive, and Python's own teardown can abort on them
 
 

@@ -5,7 +5,6 @@ Run:  torchrun --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint
   (the same command on every node; HOST0 is any one of them) or, under SLURM,
   sbatch scripts/ddp_multinode.sbatch   (srun starts one process per task)
 """
-import datetime
 import os
 import socket
 
@@ -14,7 +13,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import common
-from d2lpar.distributed import (dist_env, emit_result, exit_now, pick_backend, rank_device,
+from d2lpar.ddp import init_process, make_loader, train_ddp
+from d2lpar.distributed import (dist_env, emit_result, exit_now, pick_backend,
                                 torch_env_from_slurm)
 
 
@@ -25,10 +25,8 @@ def main():
     os.environ.update(torch_env_from_slurm())  # srun: env:// below needs RANK, MASTER_ADDR...
     rank, world_size = env.rank, env.world_size
     backend = pick_backend(env.local_world_size, args.backend)  # --backend, checked; or auto
-    # Bind this process to its device first: NCCL then sets up on the right GPU.
-    device = rank_device(backend, env.local_rank)  # cuda:LOCAL_RANK with nccl, else the CPU
-    dist.init_process_group(backend, init_method='env://', rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=args.timeout))
+    device = init_process(backend, rank, world_size, local_rank=env.local_rank,  # device first,
+                          init_method='env://', timeout=args.timeout)  # then the group
     print(f'{socket.gethostname()}: rank {rank} of {world_size}, local rank {env.local_rank}, '
           f'{backend} on {device}, master {env.master_addr}:{env.master_port}', flush=True)
     torch.manual_seed(args.seed + rank)  # replicas start different on purpose...
@@ -40,7 +38,7 @@ def main():
               find_unused_parameters=False)  # True only if forward skips some parameters
     synced = common.flat_params(net.module)
     dataset = common.make_dataset(args.num_samples, args.seed)
-    sampler, train_iter = common.make_loader(
+    sampler, train_iter = make_loader(
         dataset, common.local_batch_size(args.batch_size, world_size), world_size, rank,
         args.seed)
     optimizer = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9)
@@ -48,18 +46,17 @@ def main():
     if args.resume:  # every rank reads the file, onto its own device
         first_epoch = common.load_checkpoint(args.ckpt, net.module, optimizer,
                                              map_location=device)
-    losses = {}
-    for epoch in range(first_epoch, args.epochs):
-        sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
-        total, n = common.train_epoch(net, train_iter, optimizer, device)
-        dist.all_reduce(total)  # sum of every rank's batch losses
-        losses[epoch] = total.item() / (n * world_size)
+
+    def end_of_epoch(epoch, loss):
         if rank == 0:
-            print(f'epoch {epoch + 1}/{args.epochs}: loss {losses[epoch]:.4f}', flush=True)
+            print(f'epoch {epoch + 1}/{args.epochs}: loss {loss:.4f}', flush=True)
         if args.ckpt:
             if rank == 0:  # one writer; net.module, so the keys have no 'module.' prefix
                 common.save_checkpoint(args.ckpt, net.module, optimizer, epoch)
             dist.barrier()  # no rank goes on before the checkpoint is complete
+
+    losses = train_ddp(net, sampler, train_iter, optimizer, device, args.epochs, first_epoch,
+                       end_of_epoch)
     final = common.flat_params(net.module)
     replicas = [torch.empty_like(final) for _ in range(world_size)]
     dist.all_gather(replicas, final)

@@ -2,14 +2,14 @@
 
 Run:  torchrun --standalone --nproc-per-node=2 scripts/ddp_torchrun.py --epochs 4 --batch-size 32
 """
-import datetime
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import common
-from d2lpar.distributed import dist_env, emit_result, exit_now, pick_backend, rank_device
+from d2lpar.ddp import init_process, make_loader, train_ddp
+from d2lpar.distributed import dist_env, emit_result, exit_now, pick_backend
 
 
 def main():
@@ -18,10 +18,8 @@ def main():
     env = dist_env()  # RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE set by torchrun
     rank, world_size = env.rank, env.world_size
     backend = pick_backend(env.local_world_size, args.backend)  # --backend, checked; or auto
-    # Bind this process to its device first: NCCL then sets up on the right GPU.
-    device = rank_device(backend, env.local_rank)  # cuda:LOCAL_RANK with nccl, else the CPU
-    dist.init_process_group(backend, init_method='env://', rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=args.timeout))
+    device = init_process(backend, rank, world_size, local_rank=env.local_rank,  # device first,
+                          init_method='env://', timeout=args.timeout)  # then the group
     torch.manual_seed(args.seed + rank)  # replicas start different on purpose...
     net = common.make_net().to(device)
     init = common.flat_params(net)
@@ -31,7 +29,7 @@ def main():
               find_unused_parameters=False)  # True only if forward skips some parameters
     synced = common.flat_params(net.module)
     dataset = common.make_dataset(args.num_samples, args.seed)
-    sampler, train_iter = common.make_loader(
+    sampler, train_iter = make_loader(
         dataset, common.local_batch_size(args.batch_size, world_size), world_size, rank,
         args.seed)
     optimizer = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9)
@@ -39,18 +37,17 @@ def main():
     if args.resume:  # every rank reads the file, onto its own device
         first_epoch = common.load_checkpoint(args.ckpt, net.module, optimizer,
                                              map_location=device)
-    losses = {}
-    for epoch in range(first_epoch, args.epochs):
-        sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
-        total, n = common.train_epoch(net, train_iter, optimizer, device)
-        dist.all_reduce(total)  # sum of every rank's batch losses
-        losses[epoch] = total.item() / (n * world_size)
+
+    def end_of_epoch(epoch, loss):
         if rank == 0:
-            print(f'epoch {epoch + 1}/{args.epochs}: loss {losses[epoch]:.4f}', flush=True)
+            print(f'epoch {epoch + 1}/{args.epochs}: loss {loss:.4f}', flush=True)
         if args.ckpt:
             if rank == 0:  # one writer; net.module, so the keys have no 'module.' prefix
                 common.save_checkpoint(args.ckpt, net.module, optimizer, epoch)
             dist.barrier()  # no rank goes on before the checkpoint is complete
+
+    losses = train_ddp(net, sampler, train_iter, optimizer, device, args.epochs, first_epoch,
+                       end_of_epoch)
     final = common.flat_params(net.module)
     replicas = [torch.empty_like(final) for _ in range(world_size)]
     dist.all_gather(replicas, final)

@@ -6,6 +6,7 @@ import torch
 
 import common
 from d2lpar import try_gpu
+from d2lpar.ddp import make_loader, train_ddp
 from d2lpar.distributed import emit_result
 
 
@@ -17,21 +18,21 @@ def main():
     net = common.make_net().to(device)
     init = common.flat_params(net)
     dataset = common.make_dataset(args.num_samples, args.seed)
-    sampler, train_iter = common.make_loader(
+    sampler, train_iter = make_loader(
         dataset, common.local_batch_size(args.batch_size, world_size), world_size, rank,
         args.seed)
     optimizer = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9)
     first_epoch = 0
     if args.resume:
         first_epoch = common.load_checkpoint(args.ckpt, net, optimizer, map_location=device)
-    losses = {}
-    for epoch in range(first_epoch, args.epochs):
-        sampler.set_epoch(epoch)  # a new shuffle every epoch
-        total, n = common.train_epoch(net, train_iter, optimizer, device)
-        losses[epoch] = total.item() / n
-        print(f'epoch {epoch + 1}/{args.epochs}: loss {losses[epoch]:.4f}', flush=True)
+
+    def end_of_epoch(epoch, loss):
+        print(f'epoch {epoch + 1}/{args.epochs}: loss {loss:.4f}', flush=True)
         if args.ckpt:
             common.save_checkpoint(args.ckpt, net, optimizer, epoch)
+
+    losses = train_ddp(net, sampler, train_iter, optimizer, device, args.epochs, first_epoch,
+                       end_of_epoch)
     final = common.flat_params(net)
     emit_result(rank=rank, world_size=world_size, init=init, synced=init, final=final,
                 losses=losses, shard=list(sampler))
