@@ -75,7 +75,7 @@ def main(quick=False, batch_size=256, lr=0.2, full=False):
         print(f'  {name:34s} {statistics.median(ts) * per_epoch:16.2f} {min(ts) * per_epoch:7.2f}'
               f'  {ratios[name]:13.2f}x')
     one, two = ratios[names[1]], ratios[names[2]]
-    print(f'  (ratio = median over rounds of the time of a round / the plain loop\'s in that round)')
+    print('  (ratio = median over rounds of the time of a round / the plain loop\'s in that round)')
     print(f'  1-slot ratio {one:.2f}x (goal: at most 1.15x) -> {"met" if one <= 1.15 else "NOT met"}; '
           f'2-slot ratio {two:.2f}x (recorded, no goal)')
     return {'plain_s_per_epoch': statistics.median(plain) * len(train_iter) / chunk,

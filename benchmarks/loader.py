@@ -9,7 +9,6 @@ import argparse
 import time
 import warnings
 
-import torch
 import torchvision
 from torch.utils import data as tud
 from torchvision import transforms

@@ -3,6 +3,15 @@ import functools
 import math
 
 import torch
+import torch.distributed as dist
+
+
+def process_group_size(caller):
+    """Return the world size of the default process group, or say how to create one."""
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(f'{caller}: no process group; call torch.distributed.'
+                           'init_process_group first (each rank of a script run by torchrun)')
+    return dist.get_world_size()
 
 
 def positive_int(value, name, hint=''):

@@ -15,7 +15,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from ._checks import checked, finite_number, positive_int
+from ._checks import checked, finite_number, positive_int, process_group_size
 
 __all__ = ['combine', 'broadcast', 'reduce', 'ring_reduce_scatter', 'ring_all_gather',
            'all_gather', 'reduce_scatter', 'naive_allreduce', 'ring_allreduce',
@@ -25,14 +25,6 @@ _OPS = (dist.ReduceOp.SUM, dist.ReduceOp.PRODUCT, dist.ReduceOp.MIN, dist.Reduce
 
 
 # Argument checks: run by @checked before each function, so that its code stays the algorithm.
-
-def _world(caller):
-    """Return the world size of the default group, or say how to create one."""
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError(f'{caller}: no process group; call torch.distributed.'
-                           'init_process_group first (each rank of a script run by torchrun)')
-    return dist.get_world_size()
-
 
 def _tensor(caller, tensor, name='tensor'):
     if not isinstance(tensor, torch.Tensor):
@@ -80,35 +72,35 @@ def _check_combine(a, b, op=dist.ReduceOp.SUM):
 
 
 def _check_broadcast(tensor, src):
-    n = _world('broadcast')
+    n = process_group_size('broadcast')
     _tensor('broadcast', tensor)
     _rank('broadcast', 'src', src, n)
 
 
 def _check_reduce(tensor, dst, op=dist.ReduceOp.SUM):
-    n = _world('reduce')
+    n = process_group_size('reduce')
     _tensor('reduce', tensor)
     _rank('reduce', 'dst', dst, n)
     _op('reduce', op)
 
 
 def _check_ring_reduce_scatter(blocks, op=dist.ReduceOp.SUM):
-    _tensors('ring_reduce_scatter', 'blocks', blocks, _world('ring_reduce_scatter'))
+    _tensors('ring_reduce_scatter', 'blocks', blocks, process_group_size('ring_reduce_scatter'))
     _op('ring_reduce_scatter', op)
 
 
 def _check_ring_all_gather(blocks):
-    _tensors('ring_all_gather', 'blocks', blocks, _world('ring_all_gather'))
+    _tensors('ring_all_gather', 'blocks', blocks, process_group_size('ring_all_gather'))
 
 
 def _check_all_gather(tensor_list, tensor):
-    n = _world('all_gather')
+    n = process_group_size('all_gather')
     _tensor('all_gather', tensor)
     _tensors('all_gather', 'tensor_list', tensor_list, n, like=tensor)
 
 
 def _check_reduce_scatter(output, input_list, op=dist.ReduceOp.SUM):
-    n = _world('reduce_scatter')
+    n = process_group_size('reduce_scatter')
     _tensor('reduce_scatter', output, 'output')
     _op('reduce_scatter', op)
     if isinstance(input_list, (list, tuple)):  # inputs are cloned, so any layout will do
@@ -118,7 +110,7 @@ def _check_reduce_scatter(output, input_list, op=dist.ReduceOp.SUM):
 
 def _check_allreduce(caller):
     def check(tensor, op=dist.ReduceOp.SUM):
-        _world(caller)
+        process_group_size(caller)
         _tensor(caller, tensor)
         _op(caller, op)
     return check
@@ -266,7 +258,7 @@ def allreduce_timings(sizes, repeats=5, min_bytes=1 << 22, max_iters=50):
     (at most `max_iters`), is the slowest rank's time, and the best of
     `repeats` is kept. Returns a list of dicts (method, bytes, seconds).
     """
-    _world('allreduce_timings')
+    process_group_size('allreduce_timings')
     positive_int(repeats, 'allreduce_timings: repeats')
     methods = {'naive': naive_allreduce, 'ring': ring_allreduce, 'built-in': dist.all_reduce}
     results = []

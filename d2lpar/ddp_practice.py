@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
 
-from ._checks import checked, positive_int
+from ._checks import checked, positive_int, process_group_size
 
 __all__ = ['accumulate_step', 'amp_step', 'train_uneven', 'evaluate_distributed',
            'loader_workers', 'counting_backend', 'cxx_compiler', 'profile_intervals',
@@ -113,14 +113,8 @@ def train_uneven(net, optimizer, batches, loss_fn):
     return steps
 
 
-def _world(caller):
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError(f'{caller}: no process group; call torch.distributed.'
-                           'init_process_group first (each rank of a script run by torchrun)')
-
-
 def _check_evaluate_distributed(net, dataset, batch_size):
-    _world('evaluate_distributed')
+    process_group_size('evaluate_distributed')
     if not isinstance(net, torch.nn.Module):
         raise TypeError(f'evaluate_distributed: net must be an nn.Module (pass net.module for a '
                         f'DDP model), got {type(net).__name__}')

@@ -22,7 +22,7 @@ def report():
     """Return a multi-line report of torch, CUDA, GPUs, backends and CPUs."""
     import torchvision
     cuda = torch.version.cuda or 'none (CPU-only build)'
-    lines = [f'd2lpar hardware report',
+    lines = ['d2lpar hardware report',
              f'  python            {platform.python_version()} ({platform.system()} {platform.machine()})',
              f'  torch             {torch.__version__} (built with CUDA {cuda})',
              f'  torchvision       {torchvision.__version__}',

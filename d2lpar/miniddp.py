@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ._checks import checked
+from ._checks import checked, process_group_size
 
 __all__ = ['HookDDP', 'make_buckets', 'BucketDDP', 'MiniDDP']
 
@@ -27,9 +27,7 @@ def _check_wrap(self, module, *args, **kwargs):
     name = type(self).__name__
     if not isinstance(module, nn.Module):
         raise TypeError(f'{name} wraps an nn.Module, got {type(module).__name__}')
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError(f'{name}: no process group; call torch.distributed.'
-                           'init_process_group first, in every rank')
+    process_group_size(name)
 
 
 def _check_make_buckets(params, bucket_cap_mb):

@@ -8,17 +8,10 @@ one equal shard of it, even when its size does not divide by N.
 import torch
 import torch.distributed as dist
 
-from ._checks import checked, finite_number
+from ._checks import checked, finite_number, process_group_size
 from .collectives import all_gather, reduce_scatter, ring_allreduce
 
 __all__ = ['model_state_bytes', 'pad_to_shards', 'Zero1', 'Zero2', 'Zero3']
-
-
-def _world(caller):
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError(f'{caller}: no process group; call torch.distributed.'
-                           'init_process_group first (each rank of a script run by torchrun)')
-    return dist.get_world_size()
 
 
 def _check_model_state_bytes(stage, num_params, n, bytes_param=4, bytes_grad=4, bytes_state=8):
@@ -42,7 +35,7 @@ def _check_pad_to_shards(tensor, n):
 
 def _check_zero(caller):
     def check(self, params, lr=1e-3, weight_decay=0.01):
-        _world(caller)
+        process_group_size(caller)
         params = list(params)
         if not params or not all(isinstance(p, torch.Tensor) for p in params):
             raise TypeError(f'{caller}: params must be a non-empty iterable of tensors, such as '

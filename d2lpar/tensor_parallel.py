@@ -15,22 +15,15 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
-from ._checks import checked, positive_int
+from ._checks import checked, positive_int, process_group_size
 
 __all__ = ['CopyToParallel', 'ReduceFromParallel', 'copy_to_parallel', 'reduce_from_parallel',
            'ColumnParallelLinear', 'RowParallelLinear', 'ParallelMLP', 'attend', 'SelfAttention',
            'ParallelSelfAttention', 'communication_bytes']
 
 
-def _world(caller):
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError(f'{caller}: no process group; call torch.distributed.'
-                           'init_process_group first (each rank of a script run by torchrun)')
-    return dist.get_world_size()
-
-
 def _check_split(caller, size, what):
-    n = _world(caller)
+    n = process_group_size(caller)
     if size % n:
         raise ValueError(f'{caller}: {what} ({size}) must divide by the world size ({n}), so '
                          'that every rank holds an equal block')
@@ -67,7 +60,7 @@ def _check_parallel_attention(self, attention):
     if not isinstance(attention, SelfAttention):
         raise TypeError('ParallelSelfAttention: attention must be a d2lpar.tensor_parallel.'
                         f'SelfAttention, got {type(attention).__name__}')
-    n = _world('ParallelSelfAttention')
+    n = process_group_size('ParallelSelfAttention')
     if attention.num_heads % n:
         raise ValueError(f'ParallelSelfAttention: the {attention.num_heads} heads must divide by '
                          f'the world size ({n}), so that every rank computes whole heads')

@@ -1,17 +1,14 @@
 """d2lpar.ddp_practice against single-process PyTorch: accumulation, join, evaluation, workers."""
-import datetime
 import os
-import queue as queue_module
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import d2lpar
+from spawned import run_ranks
 from d2lpar import ddp_practice
 from d2lpar.distributed import count_calls
 
@@ -62,81 +59,55 @@ def join_reference(counts, batch=5):
     return flat(net), shards
 
 
-def worker(rank, port, queue):
-    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group('gloo', rank=rank, world_size=WORLD,
-                            timeout=datetime.timedelta(seconds=60))
-    try:
-        out = {}
-        X, y = data(WORLD * K * MICRO)
-        lo = rank * K * MICRO
-        mine = [(X[lo + i:lo + i + MICRO], y[lo + i:lo + i + MICRO])
-                for i in range(0, K * MICRO, MICRO)]
-        calls = {}
-        for name, sync_every in (('no_sync', False), ('every', True)):
-            net = DDP(make_net(), bucket_cap_mb=0.0005)  # about 500 B: several buckets
-            net.register_comm_hook(None, default_hooks.allreduce_hook)
-            nn.functional.cross_entropy(net(X[:2]), y[:2]).backward()  # buckets are set now
-            opt = torch.optim.SGD(net.parameters(), lr=LR)
-            with count_calls(('all_reduce',)) as counted:
-                if sync_every:
-                    opt.zero_grad()
-                    for Xm, ym in mine:
-                        (nn.functional.cross_entropy(net(Xm), ym) / K).backward()
-                    opt.step()
-                else:
-                    ddp_practice.accumulate_step(net, opt, mine,
-                                                 nn.functional.cross_entropy)
-            calls[name] = counted['all_reduce']['calls']
-            out[name] = flat(net.module).tolist()
+def worker(rank, world_size):
+    out = {}
+    X, y = data(WORLD * K * MICRO)
+    lo = rank * K * MICRO
+    mine = [(X[lo + i:lo + i + MICRO], y[lo + i:lo + i + MICRO])
+            for i in range(0, K * MICRO, MICRO)]
+    calls = {}
+    for name, sync_every in (('no_sync', False), ('every', True)):
+        net = DDP(make_net(), bucket_cap_mb=0.0005)  # about 500 B: several buckets
+        net.register_comm_hook(None, default_hooks.allreduce_hook)
+        nn.functional.cross_entropy(net(X[:2]), y[:2]).backward()  # buckets are set now
+        opt = torch.optim.SGD(net.parameters(), lr=LR)
         with count_calls(('all_reduce',)) as counted:
-            nn.functional.cross_entropy(net(X[:2]), y[:2]).backward()
-        calls['one_backward'] = counted['all_reduce']['calls']
-        out['calls'] = calls
+            if sync_every:
+                opt.zero_grad()
+                for Xm, ym in mine:
+                    (nn.functional.cross_entropy(net(Xm), ym) / K).backward()
+                opt.step()
+            else:
+                ddp_practice.accumulate_step(net, opt, mine,
+                                             nn.functional.cross_entropy)
+        calls[name] = counted['all_reduce']['calls']
+        out[name] = flat(net.module).tolist()
+    with count_calls(('all_reduce',)) as counted:
+        nn.functional.cross_entropy(net(X[:2]), y[:2]).backward()
+    calls['one_backward'] = counted['all_reduce']['calls']
+    out['calls'] = calls
 
-        counts = [2, 4]
-        _, shards = join_reference(counts)
-        net = DDP(make_net())
-        steps = ddp_practice.train_uneven(net, torch.optim.SGD(net.parameters(), lr=LR),
-                                          shards[rank], nn.functional.cross_entropy)
-        out['join'] = (steps, flat(net.module).tolist())
+    counts = [2, 4]
+    _, shards = join_reference(counts)
+    net = DDP(make_net())
+    steps = ddp_practice.train_uneven(net, torch.optim.SGD(net.parameters(), lr=LR),
+                                      shards[rank], nn.functional.cross_entropy)
+    out['join'] = (steps, flat(net.module).tolist())
 
-        evaluations = {}
-        for n in (7, 1, 8):  # 1 pad, rank 1 all padding, no padding
-            Xe, ye = data(n, seed=3)
-            evaluated = make_net().train()
-            evaluations[n] = ddp_practice.evaluate_distributed(
-                evaluated, torch.utils.data.TensorDataset(Xe, ye), 3)
-            assert evaluated.training  # back in the mode it came in
-        out['evaluate'] = evaluations
-        queue.put((rank, out))
-    finally:
-        dist.destroy_process_group()
+    evaluations = {}
+    for n in (7, 1, 8):  # 1 pad, rank 1 all padding, no padding
+        Xe, ye = data(n, seed=3)
+        evaluated = make_net().train()
+        evaluations[n] = ddp_practice.evaluate_distributed(
+            evaluated, torch.utils.data.TensorDataset(Xe, ye), 3)
+        assert evaluated.training  # back in the mode it came in
+    out['evaluate'] = evaluations
+    return out
 
 
 @pytest.fixture(scope='module')
 def ranks():
-    ctx = mp.get_context('spawn')
-    queue = ctx.Queue()
-    port = d2lpar.free_port()
-    procs = [ctx.Process(target=worker, args=(r, port, queue)) for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    results = {}
-    try:
-        while len(results) < WORLD:  # fail fast when a rank dies instead of waiting for it
-            try:
-                rank, out = queue.get(timeout=1)
-                results[rank] = out
-            except queue_module.Empty:
-                assert all(p.exitcode in (None, 0) for p in procs), 'a rank failed; see stderr'
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-    return results
+    return run_ranks(worker, WORLD)
 
 
 def test_accumulation_equals_one_step_on_the_global_batch(ranks):
@@ -258,6 +229,7 @@ def test_bad_arguments_are_named():
 
 def test_evaluate_distributed_names_a_dataset_without_length(monkeypatch):
     monkeypatch.setattr(dist, 'is_initialized', lambda: True)  # only the dataset is wrong
+    monkeypatch.setattr(dist, 'get_world_size', lambda group=None: 2)
 
     class Stream(torch.utils.data.IterableDataset):
         def __iter__(self):

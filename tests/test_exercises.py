@@ -295,7 +295,7 @@ def averages(data):
 
 
 def drops_remainder(X, y, devices):
-    k, size = len(devices), X.shape[0] // len(devices)
+    size = X.shape[0] // len(devices)
     return ([X[i * size:(i + 1) * size].to(d) for i, d in enumerate(devices)],
             [y[i * size:(i + 1) * size].to(d) for i, d in enumerate(devices)])
 

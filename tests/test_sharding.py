@@ -1,14 +1,10 @@
 """ZeRO stages by hand (d2lpar.sharding) against one single-process AdamW step on the global batch."""
-import os
-import queue as queue_module
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
-import d2lpar
+from spawned import run_ranks
 from d2lpar import sharding
 
 STEPS, LR, WD = 3, 0.05, 0.01
@@ -35,49 +31,25 @@ def reference(world_size):
     return [p.detach().clone() for p in net.parameters()]
 
 
-def worker(rank, world_size, port, stage, queue):
-    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group('gloo', rank=rank, world_size=world_size,
-                            timeout=__import__('datetime').timedelta(seconds=60))
-    try:
-        net = make_net()
-        opt = getattr(sharding, stage)(net if stage == 'Zero3' else net.parameters(),
-                                       lr=LR, weight_decay=WD)
-        for X, y in batches(world_size):
-            opt.zero_grad()
-            Xs, ys = X.chunk(world_size)[rank], y.chunk(world_size)[rank]
-            nn.functional.mse_loss(net(Xs), ys).backward()
-            opt.step()
-        # plain lists: a tensor in a queue is shared memory that dies with this process
-        if stage == 'Zero3':
-            assert all(p.numel() == 0 for p in net.parameters())  # only the shards are kept
-            opt.gather(net[0]), opt.gather(net[2])
-        queue.put((rank, [p.detach().tolist() for p in net.parameters()]))
-    finally:
-        dist.destroy_process_group()
+def worker(rank, world_size, stage):
+    net = make_net()
+    opt = getattr(sharding, stage)(net if stage == 'Zero3' else net.parameters(),
+                                   lr=LR, weight_decay=WD)
+    for X, y in batches(world_size):
+        opt.zero_grad()
+        Xs, ys = X.chunk(world_size)[rank], y.chunk(world_size)[rank]
+        nn.functional.mse_loss(net(Xs), ys).backward()
+        opt.step()
+    if stage == 'Zero3':
+        assert all(p.numel() == 0 for p in net.parameters())  # only the shards are kept
+        opt.gather(net[0]), opt.gather(net[2])
+    return [p.detach().tolist() for p in net.parameters()]
 
 
 @pytest.mark.parametrize('stage', ['Zero1', 'Zero2', 'Zero3'])
 def test_zero_stage_matches_single_process_adamw(stage):
     world_size = 2
-    ctx = mp.get_context('spawn')
-    queue = ctx.Queue()
-    port = d2lpar.free_port()
-    procs = [ctx.Process(target=worker, args=(r, world_size, port, stage, queue))
-             for r in range(world_size)]
-    for p in procs:
-        p.start()
-    results = {}
-    while len(results) < world_size:  # fail fast when a rank dies instead of waiting for it
-        try:
-            rank, params = queue.get(timeout=1)
-            results[rank] = params
-        except queue_module.Empty:
-            assert all(p.exitcode in (None, 0) for p in procs), 'a rank failed; see its traceback'
-    for p in procs:
-        p.join(timeout=30)
-        assert p.exitcode == 0
+    results = run_ranks(worker, world_size, stage)
     want = reference(world_size)
     for rank in range(world_size):
         for got, ref in zip(results[rank], want):

@@ -1,15 +1,10 @@
 """Tensor parallelism by hand (d2lpar.tensor_parallel) on 2 gloo processes, against the unsplit modules."""
-import datetime
-import os
-import queue as queue_module
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
-import d2lpar
+from spawned import run_ranks
 from d2lpar import tensor_parallel as tp
 from d2lpar.distributed import count_calls
 
@@ -32,55 +27,26 @@ def reference(make, X):
     return out.detach(), [p.grad for p in net.parameters()] + [X.grad]
 
 
-def worker(rank, world_size, port, queue):
-    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group('gloo', rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=60))
-    try:
-        report = {}
-        for name, make, X in [('mlp', make_mlp, torch.randn(5, 6, generator=torch.Generator().manual_seed(2))),
-                              ('attention', make_attention,
-                               torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(3)))]:
-            net = tp.ParallelMLP(make()) if name == 'mlp' else tp.ParallelSelfAttention(make())
-            X = X.clone().requires_grad_()
-            with count_calls(['all_reduce']) as forward:
-                out = net(X)
-            with count_calls(['all_reduce']) as backward:
-                (out * torch.arange(out.numel()).view_as(out).sin()).sum().backward()
-            # plain lists: a tensor in a queue is shared memory that dies with this process
+def worker(rank, world_size):
+    report = {}
+    for name, make, X in [('mlp', make_mlp, torch.randn(5, 6, generator=torch.Generator().manual_seed(2))),
+                          ('attention', make_attention,
+                           torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(3)))]:
+        net = tp.ParallelMLP(make()) if name == 'mlp' else tp.ParallelSelfAttention(make())
+        X = X.clone().requires_grad_()
+        with count_calls(['all_reduce']) as forward:
+            out = net(X)
+        with count_calls(['all_reduce']) as backward:
+            (out * torch.arange(out.numel()).view_as(out).sin()).sum().backward()
             report[name] = dict(out=out.tolist(), grads=[p.grad.tolist() for p in net.parameters()],
-                                x_grad=X.grad.tolist(), calls=[forward['all_reduce']['calls'],
-                                                               backward['all_reduce']['calls']])
-        queue.put((rank, report))
-    finally:
-        dist.destroy_process_group()
+                            x_grad=X.grad.tolist(), calls=[forward['all_reduce']['calls'],
+                                                           backward['all_reduce']['calls']])
+    return report
 
 
 @pytest.fixture(scope='module')
 def reports():
-    world_size = 2
-    ctx = mp.get_context('spawn')
-    queue = ctx.Queue()
-    port = d2lpar.free_port()
-    procs = [ctx.Process(target=worker, args=(r, world_size, port, queue)) for r in range(world_size)]
-    for p in procs:
-        p.start()
-    results = {}
-    try:
-        while len(results) < world_size:  # fail fast when a rank dies instead of waiting for it
-            try:
-                rank, report = queue.get(timeout=1)
-                results[rank] = report
-            except queue_module.Empty:
-                assert all(p.exitcode in (None, 0) for p in procs), 'a rank failed; see its traceback'
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-    assert all(p.exitcode == 0 for p in procs)
-    return results
+    return run_ranks(worker, 2)
 
 
 def test_parallel_mlp_equals_the_unsplit_mlp(reports):
