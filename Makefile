@@ -12,8 +12,12 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root)
 lab: $(STAMP)  ## open the course in JupyterLab
 	$(BIN)/jupyter lab --notebook-dir=notebooks $(ROOT_FLAG)
 
-test: $(STAMP)  ## unit tests, then every notebook under nbval
-	$(BIN)/python -m pytest
+# The unit tests and the short solution notebooks run two at a time (most of them wait on
+# the processes they start); the chapters one at a time, so that each runs on a quiet machine
+# within its time budget.
+test: $(STAMP)  ## unit tests and solutions, then every chapter notebook under nbval
+	$(BIN)/python -m pytest -n 2 --dist loadfile tests notebooks/solutions
+	$(BIN)/python -m pytest notebooks --ignore=notebooks/solutions
 
 html: $(STAMP)  ## execute every notebook and render the course into build/html
 	$(BIN)/python -m d2lpar html $(HTML_FLAGS)
