@@ -582,7 +582,11 @@ def _launch_once(script, nproc, nnodes, args, timeout, env, echo, launcher, port
     finally:
         try:
             _shutdown(agents, launch_id, grace)
-            stores.clear()  # closes the store and its port: it lives no longer than the launch
+            if stores:
+                stores.clear()  # closes the store and its port: it lives no longer than the launch
+                # the store's server thread lets go of the socket a moment later: return only
+                # once the port is free, as promised (a busy machine made that moment visible)
+                _wait_until(lambda: port_is_free(port), 5.0)
             for reader in readers:
                 reader.join(timeout=5)
             if streams is not None and os.path.isdir(os.path.join(work, 'logs')):
