@@ -1,4 +1,4 @@
-"""DDP training as notebooks 5 and 6 write it: join the group, shard the data, train, snapshot.
+"""DDP training as notebooks 5 and 6 write it: join the group, shard the data, train, resume.
 
 The training scripts in notebooks/scripts/ import these functions: a process
 started by torchrun or mp.spawn cannot import code from a notebook. The
@@ -17,8 +17,7 @@ from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 from ._checks import checked, positive_int
 from .distributed import BACKENDS
 
-__all__ = ['init_process', 'make_loader', 'train_epoch', 'train_ddp', 'save_snapshot',
-           'load_snapshot']
+__all__ = ['init_process', 'make_loader', 'train_epoch', 'train_ddp', 'load_snapshot']
 
 # Checks: run by @checked before each function, so that its code stays the algorithm.
 
@@ -68,17 +67,6 @@ def _check_train_ddp(net, sampler, train_iter, optimizer, device, num_epochs, fi
             raise ValueError(f'train_ddp: {name} must be an int >= 0, got {value!r}')
     if on_epoch_end is not None and not callable(on_epoch_end):
         raise TypeError(f'train_ddp: on_epoch_end must be callable or None, got {on_epoch_end!r}')
-
-
-def _check_save_snapshot(state, path):
-    if not isinstance(state, dict):
-        raise TypeError(f'save_snapshot: state must be a dict, got {type(state).__name__}')
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f'save_snapshot: path must be a file path, got {type(path).__name__}')
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise ValueError(f'save_snapshot: the folder {folder} does not exist; create it first '
-                         '(on every node that writes, on a file system all nodes share)')
 
 
 def _check_load_snapshot(path, net, optimizer, map_location):
@@ -149,22 +137,6 @@ def train_ddp(net, sampler, train_iter, optimizer, device, num_epochs, first_epo
 
 
 # ---------------------------------------------------------------- notebook 6
-
-@checked(_check_save_snapshot)
-def save_snapshot(state, path):
-    """Write `state` to `path` atomically: a crash leaves the old snapshot or the new one."""
-    tmp = f'{path}.tmp{os.getpid()}'
-    try:
-        with open(tmp, 'wb') as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())  # on disk before the rename makes it the snapshot
-        os.replace(tmp, path)  # atomic on POSIX and Windows, within one file system
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)  # a failed write leaves no half-written file behind
-        raise
-
 
 @checked(_check_load_snapshot)
 def load_snapshot(path, net, optimizer, map_location):

@@ -30,7 +30,7 @@ REQUIRED = {
                            'ParallelMLP', 'attend', 'SelfAttention', 'ParallelSelfAttention',
                            'communication_bytes'],
     '05_ddp': ['init_process', 'make_loader', 'train_epoch', 'train_ddp'],
-    '06_ddp_launching': ['save_snapshot', 'load_snapshot'],
+    '06_ddp_launching': ['load_snapshot'],
 }
 
 

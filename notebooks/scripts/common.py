@@ -7,12 +7,12 @@ written in notebook 5's cells.
 """
 import argparse
 import datetime
-import os
 
 import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
+import d2lpar
 from d2lpar.distributed import BACKENDS
 
 
@@ -78,11 +78,9 @@ def flat_params(net):
 
 
 def save_checkpoint(path, net, optimizer, epoch):
-    """Write a checkpoint atomically: a reader sees the old file or the new one, never half."""
-    state = {'net': net.state_dict(), 'optimizer': optimizer.state_dict(), 'epoch': epoch}
-    tmp = f'{path}.tmp{os.getpid()}'
-    torch.save(state, tmp)
-    os.replace(tmp, path)  # atomic on POSIX and Windows when on the same file system
+    """Write a checkpoint atomically (notebook 3's d2lpar.save_checkpoint): old file or new."""
+    d2lpar.save_checkpoint({'net': net.state_dict(), 'optimizer': optimizer.state_dict(),
+                            'epoch': epoch}, path)
 
 
 def load_checkpoint(path, net, optimizer, map_location):

@@ -11,7 +11,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import common
-from d2lpar.ddp import init_process, load_snapshot, make_loader, save_snapshot, train_ddp
+from d2lpar import save_checkpoint
+from d2lpar.ddp import init_process, load_snapshot, make_loader, train_ddp
 from d2lpar.distributed import dist_env, emit_result, exit_now, gloo_threads, pick_backend
 
 
@@ -54,7 +55,7 @@ def main():
             print(f'rank 0: killed at the end of epoch {epoch + 1}', flush=True)
             os.kill(os.getpid(), signal.SIGKILL)  # as an out-of-memory kill or a lost node
         if rank == 0:  # one writer, atomically: a crash leaves the last complete snapshot
-            save_snapshot({'net': net.module.state_dict(), 'optimizer': optimizer.state_dict(),
+            save_checkpoint({'net': net.module.state_dict(), 'optimizer': optimizer.state_dict(),
                            'epoch': epoch}, args.snapshot)
         dist.barrier()  # no rank goes on before the snapshot is complete
 
