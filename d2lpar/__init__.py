@@ -7,6 +7,7 @@ from .info import show_setup
 from .models import Residual, accuracy, evaluate_accuracy_gpu, init_lenet_params, lenet
 from .parallel import allreduce, get_params, scatter, split_batch
 from .plotting import Animator
+from .saving import save_cells
 from .timing import Accumulator, Timer
 
 # Modules of later notebooks (one import line each, in notebook order).

@@ -1,0 +1,104 @@
+"""Write a notebook's `#@save` cells into a module that launched scripts import.
+
+A script started with `d2lpar.launch` runs in fresh processes, which cannot see
+functions defined in the notebook's kernel. `save_cells(path)` writes every
+`#@save` cell the kernel has run into `path`, preceded by the imports of every
+cell the kernel has run, and keeps the file up to date: from then on, each time
+a `#@save` cell runs, the file is written again. A learner who edits a saved
+cell and runs it sees the edit in the next launch.
+
+    d2lpar.save_cells(work / 'ddp_steps.py')  # scripts in `work` then `import ddp_steps`
+
+Cells run in the order the kernel ran them, so a cell run again later replaces
+its earlier definitions, exactly as in the kernel.
+"""
+import ast
+import os
+import tempfile
+from pathlib import Path
+
+__all__ = ['save_cells', 'saved_source']
+
+MARK = '#@save'
+
+
+def _kernel():
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    return get_ipython()
+
+
+def _is_import(node):
+    return isinstance(node, (ast.Import, ast.ImportFrom)) and not (
+        isinstance(node, ast.ImportFrom) and node.module == '__future__')
+
+
+def saved_source(cells, module=None):
+    """Return a module's text: the imports of all `cells`, then those marked `#@save`.
+
+    `cells` are source strings in the order they ran. Imports of `module` itself are
+    left out (a script imports the module, not the other way round).
+    """
+    imports, saved = [], []
+    for source in cells:
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:  # a cell that failed to parse never defined anything
+            continue
+        for node in tree.body:
+            if _is_import(node):
+                line = ast.unparse(node)
+                names = [node.module] if isinstance(node, ast.ImportFrom) else [
+                    alias.name for alias in node.names]
+                if module not in names and line not in imports:
+                    imports.append(line)
+        if source.lstrip().startswith(MARK):
+            saved.append(source.strip())
+    header = f'"""The #@save cells of a notebook, written by d2lpar.save_cells."""'
+    return '\n\n\n'.join([header + '\n' + '\n'.join(imports), *saved]) + '\n'
+
+
+def _write(path, text):
+    """Replace `path` with `text` atomically: a reader never sees half a file."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
+    try:
+        with os.fdopen(fd, 'w') as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_cells(path):
+    """Write this notebook's `#@save` cells into module `path` and keep it current."""
+    path = Path(path)
+    if path.suffix != '.py' or not path.stem.isidentifier():
+        raise ValueError(f'save_cells: path must name a Python module such as work/steps.py, '
+                         f'got {str(path)!r}')
+    if not path.parent.is_dir():
+        raise ValueError(f'save_cells: folder {str(path.parent)!r} does not exist; create it '
+                         'first')
+    shell = _kernel()
+    if shell is None or 'In' not in shell.user_ns:
+        raise RuntimeError('save_cells: runs inside a Jupyter or IPython kernel, which keeps the '
+                           'cells it ran; in a plain script, import the functions instead')
+    path = path.resolve()
+
+    def write(result=None):
+        # Skip cells that failed or that saved nothing new: a broken edit keeps the old module.
+        if result is not None and (not result.success or not str(
+                result.info.raw_cell).lstrip().startswith(MARK)):
+            return
+        _write(path, saved_source(shell.user_ns['In'], module=path.stem))
+
+    events = shell.events
+    for callback in list(events.callbacks['post_run_cell']):
+        if getattr(callback, 'd2lpar_saves_to', None) == path:
+            events.unregister('post_run_cell', callback)
+    write.d2lpar_saves_to = path
+    events.register('post_run_cell', write)
+    write()
+    return path

@@ -1,0 +1,77 @@
+"""save_cells: a notebook's #@save cells become a module that a fresh process imports."""
+import subprocess
+import sys
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+
+import d2lpar
+from d2lpar import saving
+
+CELLS = [
+    'import torch\nfrom torch import nn',
+    '#@save\ndef double(x):\n    """Return twice x."""\n    return 2 * x',
+    'y = double(torch.ones(2))',  # not saved
+]
+
+
+@pytest.fixture
+def shell(monkeypatch):
+    shell = InteractiveShell.instance()
+    monkeypatch.setattr(saving, '_kernel', lambda: shell)
+    yield shell
+    for callback in list(shell.events.callbacks['post_run_cell']):
+        if hasattr(callback, 'd2lpar_saves_to'):
+            shell.events.unregister('post_run_cell', callback)
+    InteractiveShell.clear_instance()
+
+
+def run(shell, *cells):
+    for cell in cells:
+        shell.run_cell(cell, store_history=True)
+
+
+def call_in_fresh_process(folder, expression):
+    """Import the saved module in a new Python and return what `expression` prints."""
+    code = f'import sys; sys.path.insert(0, {str(folder)!r}); import steps; print({expression})'
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_saved_cells_with_their_imports_run_in_a_fresh_process(shell, tmp_path):
+    run(shell, *CELLS)
+    path = d2lpar.save_cells(tmp_path / 'steps.py')
+    text = path.read_text()
+    assert 'import torch' in text and 'def double' in text and 'y = double' not in text
+    assert call_in_fresh_process(tmp_path, 'steps.double(3)') == '6'
+
+
+def test_an_edit_to_a_saved_cell_takes_effect_in_the_next_import(shell, tmp_path):
+    run(shell, *CELLS)
+    d2lpar.save_cells(tmp_path / 'steps.py')
+    run(shell, CELLS[1].replace('2 * x', '3 * x'))  # the learner edits and reruns the cell
+    assert call_in_fresh_process(tmp_path, 'steps.double(3)') == '9'
+    # A saved cell that fails to run leaves the module as it was.
+    run(shell, '#@save\ndef double(x):\n    return 4 * x\nraise ValueError("typo")')
+    assert call_in_fresh_process(tmp_path, 'steps.double(3)') == '9'
+    # Saving again to the same file does not register a second writer.
+    d2lpar.save_cells(tmp_path / 'steps.py')
+    writers = [c for c in shell.events.callbacks['post_run_cell'] if hasattr(c, 'd2lpar_saves_to')]
+    assert len(writers) == 1
+
+
+def test_the_module_does_not_import_itself(tmp_path):
+    text = saving.saved_source(['import steps\nimport os', '#@save\nX = 1'], module='steps')
+    assert 'import steps' not in text and 'import os' in text
+
+
+def test_bad_input_says_what_to_do(shell, tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match='save_cells: path must name a Python module'):
+        d2lpar.save_cells(tmp_path / 'steps.txt')
+    with pytest.raises(ValueError, match='save_cells: folder .* does not exist'):
+        d2lpar.save_cells(tmp_path / 'missing' / 'steps.py')
+    monkeypatch.setattr(saving, '_kernel', lambda: None)
+    with pytest.raises(RuntimeError, match='save_cells: runs inside a Jupyter or IPython kernel'):
+        d2lpar.save_cells(tmp_path / 'steps.py')
+    assert not list(tmp_path.iterdir())  # nothing written on a refusal
