@@ -87,12 +87,18 @@ def save_cells(path):
                            'cells it ran; in a plain script, import the functions instead')
     path = path.resolve()
 
+    unrecorded = []  # cells run without history (as notebook runners may do), in order
+
     def write(result=None):
-        # Skip cells that failed or that saved nothing new: a broken edit keeps the old module.
-        if result is not None and (not result.success or not str(
-                result.info.raw_cell).lstrip().startswith(MARK)):
-            return
-        _write(path, saved_source(shell.user_ns['In'], module=path.stem))
+        if result is not None:
+            if not result.success:  # a broken edit keeps the old module
+                return
+            raw = str(result.info.raw_cell)
+            if not result.info.store_history:
+                unrecorded.append(raw)
+            if not raw.lstrip().startswith(MARK):  # nothing new to save
+                return
+        _write(path, saved_source(list(shell.user_ns['In']) + unrecorded, module=path.stem))
 
     events = shell.events
     for callback in list(events.callbacks['post_run_cell']):

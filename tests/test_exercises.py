@@ -33,7 +33,7 @@ CHECKS = {
     exercises.check_ring_allreduce: ('08_lenet_data_parallel', 'ring_allreduce'),
     exercises.check_split_batch: ('08_lenet_data_parallel', 'split_batch'),
     exercises.check_broadcast_schedule: ('09_collectives', 'broadcast_schedule'),
-    exercises.check_zero2_grad_shard: ('10_sharding', 'zero2_grad_shard'),
+    exercises.check_zero2_grad_shard: ('10_zero', 'zero2_grad_shard'),
     exercises.check_slurm_ranks: ('06_ddp_launching', 'slurm_ranks'),
     exercises.check_accumulation: ('07_ddp_practice', 'accumulate_uneven'),
     exercises.check_row_parallel_linear: ('11_tensor_pipeline', 'row_parallel_linear'),
@@ -477,9 +477,9 @@ def test_zero2_wrong_answers_get_their_hint(wrong, hint):
 
 
 def test_zero2_reference_agrees_with_a_real_reduce_scatter_shard():
-    from d2lpar.sharding import pad_to_shards
+    from d2lpar.zero import pad_to_shards
     grads = [torch.randn(5, 3) for _ in range(4)]
-    fn = solution('10_sharding', 'zero2_grad_shard')
+    fn = solution('10_zero', 'zero2_grad_shard')
     for rank in range(4):
         want = sum(pad_to_shards(g, 4)[rank] for g in grads) / 4
         torch.testing.assert_close(fn(grads, rank), want)

@@ -1,4 +1,4 @@
-"""Checker of notebook 10: the ZeRO-2 gradient step (simulated for N ranks in one process)."""
+"""Checker of notebook 10 (ZeRO by hand): the ZeRO-2 gradient step (simulated for N ranks in one process)."""
 import torch
 
 from ._verdict import _Fail, _call, _checker
