@@ -29,7 +29,7 @@ NOTEBOOKS = ROOT / 'notebooks'
 MARK = '#@save'
 # Submodules whose saved objects are not re-exported at the top of `d2lpar`:
 # a notebook calls them as d2lpar.<module>.<name>.
-MODULES = ('collectives', 'miniddp', 'zero', 'memory', 'tensor_parallel', 'distributed', 'ddp_practice',
+MODULES = ('collectives', 'miniddp', 'zero', 'memory', 'fsdp', 'tensor_parallel', 'distributed', 'ddp_practice',
            'ddp')
 
 

@@ -22,6 +22,7 @@ REQUIRED = {
                                'split_batch', 'train_batch', 'train'],
     '10_zero': ['model_state_bytes', 'pad_to_shards', 'Zero1', 'Zero2', 'Zero3', 'RingDDP',
                 'zero_bytes_sent'],
+    '11_fsdp2': ['shard_blocks'],
     '07_ddp_practice': ['accumulate_step', 'amp_step', 'counting_backend', 'train_uneven',
                         'evaluate_distributed', 'loader_workers'],
     '04_model_parallel': ['ModelParallel', 'pipeline_schedule', 'bubble_fraction', 'idle_fraction',
