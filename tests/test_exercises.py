@@ -34,6 +34,7 @@ CHECKS = {
     exercises.check_split_batch: ('08_lenet_data_parallel', 'split_batch'),
     exercises.check_broadcast_schedule: ('09_collectives', 'broadcast_schedule'),
     exercises.check_zero2_grad_shard: ('10_zero', 'zero2_grad_shard'),
+    exercises.check_shard_rows: ('11_fsdp2', 'shard_rows'),
     exercises.check_slurm_ranks: ('06_ddp_launching', 'slurm_ranks'),
     exercises.check_accumulation: ('07_ddp_practice', 'accumulate_uneven'),
     exercises.check_row_parallel_linear: ('11_tensor_pipeline', 'row_parallel_linear'),
@@ -483,6 +484,25 @@ def test_zero2_reference_agrees_with_a_real_reduce_scatter_shard():
     for rank in range(4):
         want = sum(pad_to_shards(g, 4)[rank] for g in grads) / 4
         torch.testing.assert_close(fn(grads, rank), want)
+
+
+@pytest.mark.parametrize('wrong, hint', [
+    (lambda rows, n, rank: rows // n, 'even split'),
+    (lambda rows, n, rank: rows // n + (rank < rows % n), 'tensor_split'),
+    (lambda rows, n, rank: -(-rows // n), 'maybe none'),
+    (lambda rows, n, rank: -(-rows // n) if rank < n - 1 else rows % n, 'expected'),
+])
+def test_shard_rows_wrong_answers_get_their_hint(wrong, hint):
+    verdict = exercises.check_shard_rows(wrong, seed=0)
+    assert not verdict.passed and hint in verdict.message, verdict
+
+
+def test_shard_rows_reference_agrees_with_torch_chunk():
+    fn = solution('11_fsdp2', 'shard_rows')
+    for rows in range(1, 20):
+        for n in range(1, 6):
+            pieces = [len(c) for c in torch.arange(rows).chunk(n)]
+            assert [fn(rows, n, r) for r in range(n)] == pieces + [0] * (n - len(pieces))
 
 
 def test_bubble_reference_agrees_with_d2lpar_and_the_hand_formula():
