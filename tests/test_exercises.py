@@ -477,6 +477,20 @@ def test_zero2_wrong_answers_get_their_hint(wrong, hint):
     assert not verdict.passed and hint in verdict.message, verdict
 
 
+def _mean_shard(grads, rank):
+    total = torch.stack([g.flatten() for g in grads]).sum(0)
+    return torch.nn.functional.pad(total, (0, -total.numel() % len(grads))).chunk(len(grads))[rank]
+
+
+@pytest.mark.parametrize('wrong, hint', [
+    (lambda grads, rank: _mean_shard(grads, rank) / len(grads) ** 2, 'divided twice'),
+    (lambda grads, rank: _mean_shard(grads, (rank + 1) % len(grads)) / len(grads), 'the shard of rank'),
+])
+def test_zero2_doubled_division_and_wrong_shard_get_their_hint(wrong, hint):
+    verdict = exercises.check_zero2_grad_shard(wrong, seed=0)
+    assert not verdict.passed and hint in verdict.message, verdict
+
+
 def test_zero2_reference_agrees_with_a_real_reduce_scatter_shard():
     from d2lpar.zero import pad_to_shards
     grads = [torch.randn(5, 3) for _ in range(4)]

@@ -57,6 +57,14 @@ def check_zero2_grad_shard(zero2_grad_shard, rng):
                 raise _Fail(f'{case}: your shard is the sum over the ranks, N = {n} times too '
                             'large. Hint: divide by N so the step matches single-process '
                             'training on the whole batch.')
+            if n > 1 and torch.allclose(got, want / n, rtol=1e-5, atol=1e-6):
+                raise _Fail(f'{case}: your shard is N = {n} times too small: divided twice. '
+                            'Hint: the reduce-scatter sums; divide that sum by N once.')
+            other = [r for r in range(n) if r != rank
+                     and torch.allclose(got, _reference(grads, r), rtol=1e-5, atol=1e-6)]
+            if other:
+                raise _Fail(f'{case}: you returned the shard of rank {other[0]}, not of rank '
+                            f'{rank}. Hint: rank r keeps block r of the N equal blocks.')
             raise _Fail(f'{case}: expected {want.tolist()!s:.200}, got '
                             f'{got.tolist()!s:.200}. Hint: sum the flattened gradients of all '
                             'ranks, divide by N, pad with zeros and take block `rank`.')
