@@ -1,4 +1,4 @@
-"""Tensor parallelism by hand, Megatron-style (notebook 11).
+"""Tensor and sequence parallelism by hand, Megatron-style, and what they cost (notebook 12).
 
 One layer's weights are split across the ranks of a process group. A
 column-parallel linear holds a block of the output features, a row-parallel
@@ -6,8 +6,13 @@ linear a block of the input features; two conjugate autograd functions move the
 data: `copy_to_parallel` (Megatron's f: identity forward, all-reduce of the
 gradient in backward) where a block enters the split region, and
 `reduce_from_parallel` (Megatron's g: all-reduce forward, identity backward)
-where it leaves it. The algorithms are written in notebook 11's cells (marked
-`#@save`) and are the same code here; argument checks run first, in `@checked`.
+where it leaves it. `CopyAndLinear` overlaps f's backward all-reduce with the
+weight-gradient matmul. Sequence parallelism swaps f and g for an all-gather
+and a reduce-scatter of the tokens (`GatherTokens`, `ScatterTokens`), so that
+norms, dropout and residuals run on each rank's tokens only. `saved_bytes`,
+`count_wire_bytes` and `block_bytes` measure and predict the activations and
+the bytes. The algorithms are written in notebook 12's cells (marked `#@save`)
+and are the same code here; argument checks run first, in `@checked`.
 All-reduces are SUM (gloo's AVG is not trusted).
 """
 import contextlib

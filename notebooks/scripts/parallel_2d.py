@@ -2,7 +2,7 @@
 
 Run:  torchrun --standalone --nproc-per-node=4 scripts/parallel_2d.py --steps 3
 The 4 ranks form a mesh of 2 data-parallel groups ('dp') of 2 tensor-parallel ranks ('tp').
-A small transformer block (layer norms, notebook 11's SelfAttention, an MLP, residuals) is
+A small transformer block (layer norms, notebook 12's SelfAttention, an MLP, residuals) is
 split over 'tp' with parallelize_module (q, k, v and the MLP's first linear column-wise, the
 attention output and the MLP's second linear row-wise), then sharded over 'dp' with
 fully_shard. Each dp group trains on its half of every global batch, the two tp ranks of a
