@@ -44,9 +44,18 @@ def worker(rank, world_size):
     return report
 
 
+def both_workers(rank, world_size):
+    return dict(worker(rank, world_size), blocks=block_worker(rank, world_size))
+
+
 @pytest.fixture(scope='module')
-def reports():
-    return run_ranks(worker, 2)
+def all_reports():
+    return run_ranks(both_workers, 2)  # one start of two processes for every test below
+
+
+@pytest.fixture(scope='module')
+def reports(all_reports):
+    return all_reports
 
 
 def test_parallel_mlp_equals_the_unsplit_mlp(reports):
@@ -171,8 +180,8 @@ def block_worker(rank, world_size):
 
 
 @pytest.fixture(scope='module')
-def block_reports():
-    return run_ranks(block_worker, 2)
+def block_reports(all_reports):
+    return {rank: r['blocks'] for rank, r in all_reports.items()}
 
 
 def test_megatron_and_sequence_parallel_blocks_equal_the_unsplit_block(block_reports):
