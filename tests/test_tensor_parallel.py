@@ -133,13 +133,6 @@ def test_bad_values_get_a_named_error(bad):
             call()
 
 
-def test_parallel_2d_script_opens_with_the_command_that_runs_it():
-    from pathlib import Path
-    script = Path(__file__).resolve().parent.parent / 'notebooks' / 'scripts' / 'parallel_2d.py'
-    run = [line for line in script.read_text().splitlines()[:4] if line.startswith('Run:  ')]
-    assert run and '--nproc-per-node=4 scripts/parallel_2d.py' in run[0]
-
-
 def make_block():
     torch.manual_seed(0)
     return tp.Block(8, 2, 16)
