@@ -9,6 +9,7 @@ and no communication, so that a schedule's own bubble can be compared with its
 formula. The algorithms are written in notebook 13's cells (marked `#@save`)
 and are the same code here; argument checks run first, in `@checked`.
 """
+import math
 import time
 
 import torch
@@ -26,9 +27,15 @@ def _check_bubble(p, m, v=1):
 
 def _check_replay(events, v=1):
     positive_int(v, 'replay: v')
+    if isinstance(events, (str, bytes, torch.Tensor)) or not hasattr(events, '__iter__'):
+        raise TypeError(f'replay: events must be a list of (rank, stage, micro-batch, phase, start, '
+                        f'end), got {type(events).__name__}')
     events = list(events)
     for event in events:
-        if not (isinstance(event, (tuple, list)) and len(event) == 6 and event[3] in 'FBIW'):
+        if not (isinstance(event, (tuple, list)) and len(event) == 6 and event[3] in ('F', 'B', 'I', 'W')
+                and all(isinstance(k, int) and not isinstance(k, bool) and k >= 0 for k in event[:3])
+                and all(isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)
+                        for t in event[4:])):
             raise ValueError('replay: each event must be (rank, stage, micro-batch, phase, start, '
                              f"end) with phase 'F', 'B', 'I' or 'W', got {event!r:.80}")
     if not events:
