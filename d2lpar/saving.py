@@ -86,13 +86,20 @@ def save_cells(path):
         raise RuntimeError('save_cells: runs inside a Jupyter or IPython kernel, which keeps the '
                            'cells it ran; in a plain script, import the functions instead')
     path = path.resolve()
+    # The cells run so far, then each cell as it finishes. Not `In` alone: a kernel driven
+    # with store_history=False (nbval, some front ends) never adds to it.
+    ran = list(shell.user_ns['In'])
 
     def write(result=None):
-        # Skip cells that failed or that saved nothing new: a broken edit keeps the old module.
-        if result is not None and (not result.success or not str(
-                result.info.raw_cell).lstrip().startswith(MARK)):
-            return
-        _write(path, saved_source(shell.user_ns['In'], module=path.stem))
+        if result is not None:
+            if not result.success:  # a broken edit keeps the old module
+                return
+            source = shell.transform_cell(str(result.info.raw_cell))
+            if not ran or ran[-1] != source:  # with history on, In already holds this cell
+                ran.append(source)
+            if not str(result.info.raw_cell).lstrip().startswith(MARK):
+                return  # nothing new to save
+        _write(path, saved_source(ran, module=path.stem))
 
     events = shell.events
     for callback in list(events.callbacks['post_run_cell']):

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import d2lpar
-from d2lpar import collectives
+from d2lpar import collectives, pipelining, tensor_parallel
 
 NAN, INF = float('nan'), float('inf')
 BAD = [NAN, INF, -INF, -1, 0, -0.5, 1e300, '', 'abc', None, True, [], {}, (), object(),
@@ -76,6 +76,14 @@ API = {
     'gather': (d2lpar.gather, {'outputs': lambda: [torch.ones(2, 3), torch.ones(2, 3)],
                                'output_device': lambda: CPU}),
     'Residual': (d2lpar.Residual, {'num_channels': lambda: 4}),
+    'block_bytes': (tensor_parallel.block_bytes, {
+        'num_params': lambda: 1000, 'tokens': lambda: 64, 'dim': lambda: 16, 'n': lambda: 4,
+        'replicated': lambda: 10, 'bytes_per_value': lambda: 2}),
+    'interleaved_bubble': (pipelining.interleaved_bubble, {'p': lambda: 4, 'm': lambda: 8,
+                                                           'v': lambda: 2}),
+    'replay': (pipelining.replay, {'events': lambda: [(0, 0, 0, 'F', 0.0, 1.0), (1, 1, 0, 'F', 1.0, 2.0),
+                                                      (1, 1, 0, 'B', 2.0, 4.0), (0, 0, 0, 'B', 4.0, 6.0)],
+                                   'v': lambda: 1}),
 }
 
 

@@ -36,7 +36,8 @@ CHECKS = {
     exercises.check_zero2_grad_shard: ('10_sharding', 'zero2_grad_shard'),
     exercises.check_slurm_ranks: ('06_ddp_launching', 'slurm_ranks'),
     exercises.check_accumulation: ('07_ddp_practice', 'accumulate_uneven'),
-    exercises.check_row_parallel_linear: ('11_tensor_pipeline', 'row_parallel_linear'),
+    exercises.check_row_parallel_linear: ('12_tensor_parallel', 'row_parallel_linear'),
+    exercises.check_interleaved_stages: ('13_pipeline_parallel', 'interleaved_stages'),
 }
 
 
@@ -621,7 +622,7 @@ def test_row_parallel_wrong_answers_get_their_hint(wrong, hint):
 
 
 def test_row_parallel_reference_agrees_with_autograd_on_the_unsplit_layer():
-    fn = solution('11_tensor_pipeline', 'row_parallel_linear')
+    fn = solution('12_tensor_parallel', 'row_parallel_linear')
     layer, n = torch.nn.Linear(6, 4), 3
     X = torch.randn(5, 6, requires_grad=True)
     G = torch.randn(5, 4)
@@ -690,3 +691,40 @@ def test_accumulation_reference_equals_one_step_on_the_concatenated_batch():
     opts[1].step()
     for a, b in zip(nets[0].parameters(), nets[1].parameters()):
         torch.testing.assert_close(a, b)
+
+
+# ------------------------------------------------- notebook 13: interleaved stage placement
+
+def stages_contiguous(rank, p, v, style):
+    return [rank * v + i for i in range(v)]
+
+
+def stages_reversed(rank, p, v, style):
+    return list(reversed([rank + k * p for k in range(v)])) if style == 'loop' else [2 * p - 1 - rank, rank]
+
+
+def stages_loop_for_v(rank, p, v, style):
+    return [rank + k * p for k in range(v)]
+
+
+def stages_off_by_one(rank, p, v, style):
+    return [rank + k * p for k in range(v)] if style == 'loop' else [rank, 2 * p - rank]
+
+
+@pytest.mark.parametrize('wrong, hint', [
+    (stages_contiguous, 'neighbouring stages'),
+    (stages_reversed, 'in another order'),
+    (stages_loop_for_v, 'is the loop placement'),
+    (stages_off_by_one, "'v' (v = 2): rank r holds stage r"),
+], ids=lambda x: getattr(x, '__name__', None))
+def test_interleaved_stages_wrong_answers_get_their_hint(wrong, hint):
+    for seed in SEEDS:
+        verdict = exercises.check_interleaved_stages(wrong, seed=seed)
+        assert verdict.attempted and not verdict.passed and hint in verdict.message, verdict
+
+
+def test_interleaved_stages_reference_matches_what_the_schedules_accept():
+    """The reference's placements are the ones torch's schedules ran in notebook 13's script."""
+    fn = solution('13_pipeline_parallel', 'interleaved_stages')
+    assert [fn(r, 2, 2, 'loop') for r in range(2)] == [[0, 2], [1, 3]]  # the script's r, r + p
+    assert [fn(r, 2, 2, 'v') for r in range(2)] == [[0, 3], [1, 2]]  # the script's r, 2p - 1 - r

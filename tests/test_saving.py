@@ -75,3 +75,13 @@ def test_bad_input_says_what_to_do(shell, tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match='save_cells: runs inside a Jupyter or IPython kernel'):
         d2lpar.save_cells(tmp_path / 'steps.py')
     assert not list(tmp_path.iterdir())  # nothing written on a refusal
+
+
+def test_cells_run_without_history_are_saved_too(shell, tmp_path):
+    """Some front ends run cells with store_history=False (nbval does): In stays empty."""
+    shell.user_ns.update(d2lpar=d2lpar, p=tmp_path / 'steps.py')
+    for cell in ['import math\nd2lpar.save_cells(p)',
+                 '#@save\ndef hypot(a, b):\n    """Return the hypotenuse."""\n    return math.sqrt(a * a + b * b)']:
+        shell.run_cell(cell, store_history=False)
+    assert shell.user_ns['In'] == ['']  # nothing in the history
+    assert call_in_fresh_process(tmp_path, 'steps.hypot(3, 4)') == '5.0'
