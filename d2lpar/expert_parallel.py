@@ -199,9 +199,11 @@ class ExpertParallelMoE(nn.Module):
         all_to_all(list(received.split(local)), list(counts.split(local)))
         send = counts.view(n, local).sum(dim=1).tolist()
         recv = received.view(n, local).sum(dim=1).tolist()
+        self.splits = send, recv  # rows sent to and received from each rank
         # 2. Dispatch: each assignment's token travels to the rank holding its expert.
         X_in = AllToAll.apply(X[token], send, recv)
-        which = torch.arange(local, device=X.device).repeat(n).repeat_interleave(received)  # local expert per row
+        # the local expert of each received row: rows come by rank, then by expert
+        which = torch.arange(local, device=X.device).repeat(n).repeat_interleave(received)
         Y_in = X_in.new_zeros(X_in.shape)
         for e, net in enumerate(self.experts):
             mask = which == e
