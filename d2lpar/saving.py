@@ -87,12 +87,17 @@ def save_cells(path):
                            'cells it ran; in a plain script, import the functions instead')
     path = path.resolve()
 
+    unrecorded = []  # cells run without history (nbval runs every cell so): kept here instead
+
     def write(result=None):
+        if (result is not None and result.success
+                and not getattr(result.info, 'store_history', True)):
+            unrecorded.append(shell.transform_cell(str(result.info.raw_cell)))
         # Skip cells that failed or that saved nothing new: a broken edit keeps the old module.
         if result is not None and (not result.success or not str(
                 result.info.raw_cell).lstrip().startswith(MARK)):
             return
-        _write(path, saved_source(shell.user_ns['In'], module=path.stem))
+        _write(path, saved_source(list(shell.user_ns['In']) + unrecorded, module=path.stem))
 
     events = shell.events
     for callback in list(events.callbacks['post_run_cell']):

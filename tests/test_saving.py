@@ -75,3 +75,15 @@ def test_bad_input_says_what_to_do(shell, tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match='save_cells: runs inside a Jupyter or IPython kernel'):
         d2lpar.save_cells(tmp_path / 'steps.py')
     assert not list(tmp_path.iterdir())  # nothing written on a refusal
+
+
+def test_cells_run_without_history_are_saved_too(shell, tmp_path):
+    """nbval runs every cell with store_history=False: `In` stays empty, the module must not."""
+    d2lpar.save_cells(tmp_path / 'steps.py')
+    for cell in CELLS:
+        shell.run_cell(cell, store_history=False)
+    assert shell.user_ns['In'] == [''] or len(shell.user_ns['In']) <= 1
+    assert call_in_fresh_process(tmp_path, 'steps.double(3)') == '6'
+    shell.run_cell('#@save\ndef double(x):\n    return 4 * x\nraise ValueError("typo")',
+                   store_history=False)
+    assert call_in_fresh_process(tmp_path, 'steps.double(3)') == '6'
