@@ -58,7 +58,7 @@ def _check_ring(Q, K, V, causal=True, zigzag=True, stats=None):
 # The algorithms: each is a `#@save` cell of notebook 14.
 
 def attend_block(Q, K, V, mask=None):
-    """Attend queries Q to one block of keys and values; return the output and each row's log-sum-exp."""
+    """Attend queries Q to one block of keys and values; return the output and its log-sum-exp."""
     scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
     if mask is not None:
         scores = scores.masked_fill(~mask, float('-inf'))
@@ -68,14 +68,14 @@ def attend_block(Q, K, V, mask=None):
 
 @checked(_check_merge)
 def merge_attention(O1, lse1, O2, lse2):
-    """Merge the attention results over two disjoint blocks of keys into the result over both."""
+    """Merge the attention results over two disjoint blocks of keys into the one over both."""
     lse = torch.logaddexp(lse1, lse2)  # log(e^lse1 + e^lse2), the larger one factored out
     return torch.exp(lse1 - lse) * O1 + torch.exp(lse2 - lse) * O2, lse
 
 
 @checked(_check_chunks)
 def sequence_chunks(n, zigzag=True):
-    """Return the chunks each of n ranks holds: chunk r of n, or chunks r and 2n-1-r of 2n (zig-zag)."""
+    """Return the chunks each of n ranks holds: chunk r of n, or r and 2n-1-r of 2n (zig-zag)."""
     return [[r, 2 * n - 1 - r] if zigzag else [r] for r in range(n)]
 
 
@@ -87,7 +87,7 @@ def shard_sequence(X, n, rank, zigzag=True):
 
 
 def chunk_mask(i, j, size, causal, device=None):
-    """Return how query chunk i sees key chunk j: None (all of it), False (none) or a causal mask."""
+    """Return how query chunk i sees key chunk j: None (all of it), False (none), or a mask."""
     if not causal or j < i:
         return None
     if j > i:
@@ -96,7 +96,7 @@ def chunk_mask(i, j, size, causal, device=None):
 
 
 class RingAttention(torch.autograd.Function):
-    """Attention over the whole sequence for this rank's queries, keys and values passed in a ring."""
+    """Attention over the whole sequence for this rank's queries, keys and values in a ring."""
 
     @staticmethod
     def forward(ctx, Q, K, V, causal, zigzag, stats):
@@ -150,7 +150,8 @@ class RingAttention(torch.autograd.Function):
                     if mask is False:
                         continue
                     rows, cols = slice(a * size, (a + 1) * size), slice(b * size, (b + 1) * size)
-                    q, do, k, v = Q[..., rows, :], dO[..., rows, :], KV[0][..., cols, :], KV[1][..., cols, :]
+                    q, do = Q[..., rows, :], dO[..., rows, :]
+                    k, v = KV[0][..., cols, :], KV[1][..., cols, :]
                     scores = q @ k.transpose(-2, -1) * scale
                     if mask is not None:
                         scores = scores.masked_fill(~mask, float('-inf'))
@@ -176,7 +177,7 @@ def ring_attention(Q, K, V, causal=True, zigzag=True, stats=None):
 
 
 def ring_attention_bytes(n, block_bytes):
-    """Return the bytes one rank sends in ring attention's forward and backward (K and V of `block_bytes` each)."""
+    """Return the bytes a rank sends in forward and in backward; its K holds `block_bytes`."""
     if n == 1:
         return 0, 0
     forward = (n - 1) * 2 * block_bytes  # K and V, n-1 times

@@ -1,6 +1,6 @@
-"""All-to-all from point-to-point messages, and a mixture of experts split across ranks (notebook 14).
+"""All-to-all from point-to-point messages; a mixture of experts split across ranks (notebook 14).
 
-`all_to_all` is written in the style of notebook 9's collectives, from
+`pairwise_all_to_all` is written in the style of notebook 9's collectives, from
 `isend` and `recv` only. `route`, `load_balancing_loss` and `MoE` are a
 mixture-of-experts layer in one process; `AllToAll` makes the exchange
 differentiable, and `ExpertParallelMoE` runs the same layer with its experts
@@ -18,26 +18,27 @@ from torch import nn
 
 from ._checks import checked, finite_number, positive_int, process_group_size
 
-__all__ = ['all_to_all', 'all_to_all_cost', 'AllToAll', 'route', 'expert_capacity',
+__all__ = ['pairwise_all_to_all', 'all_to_all_cost', 'AllToAll', 'route', 'expert_capacity',
            'load_balancing_loss', 'MoE', 'ExpertParallelMoE']
 
 
 # Argument checks: run by @checked before each function, so that its code stays the algorithm.
 
-def _check_all_to_all(output_list, input_list):
-    n = process_group_size('all_to_all')
+def _check_pairwise_all_to_all(output_list, input_list):
+    n = process_group_size('pairwise_all_to_all')
     for name, tensors in (('output_list', output_list), ('input_list', input_list)):
         if isinstance(tensors, torch.Tensor) or not isinstance(tensors, (list, tuple)):
-            raise TypeError(f'all_to_all: {name} must be a list of {n} tensors, one per rank')
+            raise TypeError(f'pairwise_all_to_all: {name} must be a list of {n} tensors, '
+                            'one per rank')
         if len(tensors) != n:
-            raise ValueError(f'all_to_all: {name} holds {len(tensors)} tensors for a world of '
-                             f'{n} ranks; pass one per rank')
+            raise ValueError(f'pairwise_all_to_all: {name} holds {len(tensors)} tensors for a '
+                             f'world of {n} ranks; pass one per rank')
         for i, t in enumerate(tensors):
             if not isinstance(t, torch.Tensor) or not t.is_contiguous():
-                raise ValueError(f'all_to_all: {name}[{i}] must be a contiguous tensor')
+                raise ValueError(f'pairwise_all_to_all: {name}[{i}] must be a contiguous tensor')
     rank = dist.get_rank()
     if output_list[rank].shape != input_list[rank].shape:
-        raise ValueError(f'all_to_all: output_list[{rank}] has shape '
+        raise ValueError(f'pairwise_all_to_all: output_list[{rank}] has shape '
                          f'{tuple(output_list[rank].shape)} but this rank sends itself '
                          f'{tuple(input_list[rank].shape)}; size each output block like what '
                          'its rank sends')
@@ -78,8 +79,8 @@ def _check_expert_parallel(self, moe):
 
 # The algorithms: each is a `#@save` cell of notebook 14.
 
-@checked(_check_all_to_all)
-def all_to_all(output_list, input_list):
+@checked(_check_pairwise_all_to_all)
+def pairwise_all_to_all(output_list, input_list):
     """Send input_list[j] to rank j and receive output_list[j] from rank j, on every rank."""
     rank, n = dist.get_rank(), dist.get_world_size()
     output_list[rank].copy_(input_list[rank])  # what a rank sends itself never leaves it
@@ -98,13 +99,13 @@ def all_to_all_cost(n, size, bandwidth, latency=0.0):
 
 
 class AllToAll(torch.autograd.Function):
-    """all_to_all of rows: in_splits[j] rows go to rank j, out_splits[j] rows come from it."""
+    """An all-to-all of rows: in_splits[j] rows go to rank j, out_splits[j] rows come from it."""
 
     @staticmethod
     def forward(ctx, X, in_splits, out_splits):
         ctx.splits = in_splits, out_splits
         Y = X.new_empty(sum(out_splits), *X.shape[1:])
-        all_to_all(list(Y.split(out_splits)), list(X.contiguous().split(in_splits)))
+        pairwise_all_to_all(list(Y.split(out_splits)), list(X.contiguous().split(in_splits)))
         return Y
 
     @staticmethod
@@ -112,13 +113,13 @@ class AllToAll(torch.autograd.Function):
         # Each row's gradient goes back to the rank the row came from: the same exchange reversed.
         in_splits, out_splits = ctx.splits
         dX = dY.new_empty(sum(in_splits), *dY.shape[1:])
-        all_to_all(list(dX.split(in_splits)), list(dY.contiguous().split(out_splits)))
+        pairwise_all_to_all(list(dX.split(in_splits)), list(dY.contiguous().split(out_splits)))
         return dX, None, None
 
 
 @checked(_check_route)
 def route(logits, k, capacity=None):
-    """Return the kept (expert, token, gate) assignments of each token's top-k, and the probabilities."""
+    """Return each kept (expert, token, gate) assignment of the top-k, and the probabilities."""
     probs = logits.softmax(dim=-1)
     top, expert = probs.topk(k, dim=-1)
     gate = top / top.sum(dim=-1, keepdim=True)  # a token's k gates add up to one
@@ -139,7 +140,7 @@ def expert_capacity(num_tokens, k, num_experts, capacity_factor):
 
 
 def load_balancing_loss(probs, k):
-    """Return the Switch Transformer's auxiliary loss: E * sum_e (share of assignments) * (mean prob)."""
+    """Return the Switch Transformer's balancing loss: E * sum_e (share of e) * (mean prob of e)."""
     num_experts = probs.shape[1]
     expert = probs.topk(k, dim=-1).indices.reshape(-1)
     share = torch.bincount(expert, minlength=num_experts) / expert.numel()
@@ -196,7 +197,7 @@ class ExpertParallelMoE(nn.Module):
         self.tokens_per_expert = counts
         # 1. Tell every rank how many rows to expect for each of its experts.
         received = torch.empty_like(counts)
-        all_to_all(list(received.split(local)), list(counts.split(local)))
+        pairwise_all_to_all(list(received.split(local)), list(counts.split(local)))
         send = counts.view(n, local).sum(dim=1).tolist()
         recv = received.view(n, local).sum(dim=1).tolist()
         self.splits = send, recv  # rows sent to and received from each rank

@@ -10,7 +10,7 @@ TOL = 1e-9
 
 
 def partial(scores, V):
-    """Return the running state (m, l, acc) of one block: max, sum of exp(s - m), sum of exp(s - m) v."""
+    """Return the running state (m, l, acc) of a block: max, sum of exp(s - m), of exp(s - m) v."""
     m = scores.max(dim=-1, keepdim=True).values
     w = torch.exp(scores - m)
     w = torch.where(torch.isinf(m), torch.zeros_like(w), w)  # a query that sees no key here
@@ -31,7 +31,8 @@ def _tensor(x, shape, what, case):
 
 
 def _close(a, b):
-    return bool(torch.isfinite(a).all()) and bool((a - b).abs().max() <= TOL * max(1.0, b.abs().max()))
+    scale = max(1.0, b.abs().max().item())
+    return bool(torch.isfinite(a).all()) and (a - b).abs().max().item() <= TOL * scale
 
 
 def _diagnose(state1, state2, O, lse):
@@ -57,7 +58,8 @@ def _diagnose(state1, state2, O, lse):
                 'no rescale': ('you added l and acc as they are, but each block computed them '
                                'relative to its own maximum m_i: rescale each by exp(m_i - m) '
                                'with m = max(m1, m2) before adding.'),
-                'added outputs': ('you added the two blocks\' normalised outputs acc_i / l_i, as if '
+                'added outputs': ('you added the two blocks\' normalised outputs acc_i / l_i, '
+                                  'as if '
                                   'each block held all the probability: add the rescaled sums '
                                   'l_i * exp(m_i - m) and acc_i * exp(m_i - m) instead, and '
                                   'divide only at the end.'),
