@@ -95,7 +95,7 @@ def save_cells(path):
             if not result.success:  # a broken edit keeps the old module
                 return
             source = shell.transform_cell(str(result.info.raw_cell))
-            if not ran or ran[-1] != source:  # with history on, In already holds this cell
+            if not ran or ran[-1] != source:  # the cell that called save_cells is in In already
                 ran.append(source)
             if not str(result.info.raw_cell).lstrip().startswith(MARK):
                 return  # nothing new to save

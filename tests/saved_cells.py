@@ -30,7 +30,7 @@ MARK = '#@save'
 # Submodules whose saved objects are not re-exported at the top of `d2lpar`:
 # a notebook calls them as d2lpar.<module>.<name>.
 MODULES = ('collectives', 'miniddp', 'sharding', 'tensor_parallel', 'distributed', 'ddp_practice',
-           'ddp', 'pipelining')
+           'ddp', 'pipelining', 'expert_parallel', 'context_parallel')
 
 
 def saved_cells(path):

@@ -36,6 +36,10 @@ REQUIRED = {
                              'replay'],
     '05_ddp': ['init_process', 'make_loader', 'train_epoch', 'train_ddp'],
     '06_ddp_launching': ['load_snapshot'],
+    '14_context_expert': ['pairwise_all_to_all', 'all_to_all_cost', 'route', 'expert_capacity',
+                          'load_balancing_loss', 'MoE', 'AllToAll', 'ExpertParallelMoE',
+                          'attend_block', 'merge_attention', 'sequence_chunks', 'shard_sequence',
+                          'chunk_mask', 'RingAttention', 'ring_attention', 'ring_attention_bytes'],
 }
 
 

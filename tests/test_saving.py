@@ -85,3 +85,15 @@ def test_cells_run_without_history_are_saved_too(shell, tmp_path):
         shell.run_cell(cell, store_history=False)
     assert shell.user_ns['In'] == ['']  # nothing in the history
     assert call_in_fresh_process(tmp_path, 'steps.hypot(3, 4)') == '5.0'
+
+
+def test_a_kernel_without_history_keeps_every_cell_and_refuses_a_broken_edit(shell, tmp_path):
+    """All cells run with store_history=False (nbval's way) with store_history=False: `In` stays empty, the module must not."""
+    d2lpar.save_cells(tmp_path / 'steps.py')
+    for cell in CELLS:
+        shell.run_cell(cell, store_history=False)
+    assert shell.user_ns['In'] == [''] or len(shell.user_ns['In']) <= 1
+    assert call_in_fresh_process(tmp_path, 'steps.double(3)') == '6'
+    shell.run_cell('#@save\ndef double(x):\n    return 4 * x\nraise ValueError("typo")',
+                   store_history=False)
+    assert call_in_fresh_process(tmp_path, 'steps.double(3)') == '6'
