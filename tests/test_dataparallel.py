@@ -39,6 +39,17 @@ def test_scatter_inputs_bad_input():
         d2lpar.scatter_inputs({'x': torch.ones(2)}, [CPU, CPU])
     with pytest.raises(ValueError, match='empty'):
         d2lpar.scatter_inputs(torch.ones(4, 2), [])
+    # 5 rows on 4 devices: torch.chunk makes 3 shards, which nn.DataParallel would quietly accept
+    assert len(torch.ones(5, 2).chunk(4)) == 3
+    with pytest.raises(ValueError, match='leaving a device idle'):
+        d2lpar.scatter_inputs(torch.ones(5, 2), [CPU] * 4)
+
+
+def test_scatter_cuts_evenly_wherever_the_batch_lives():
+    """Moving the batch to another device first does not rebalance the split."""
+    X = torch.randn(10, 3)
+    sizes = [len(s) for (s,) in d2lpar.scatter_inputs(X, [CPU] * 4)]
+    assert sizes == [len(c) for c in X.chunk(4)] == [3, 3, 3, 1]
 
 
 def test_replicate_copies_except_on_the_first_device():
@@ -231,6 +242,18 @@ def test_save_checkpoint_round_trip_and_errors(tmp_path):
     with pytest.raises(Exception):  # a lambda cannot be pickled: nothing may be left behind
         d2lpar.save_checkpoint({'f': lambda: 0}, tmp_path / 'bad.pt')
     assert sorted(os.listdir(tmp_path)) == ['ckpt.pt']
+
+
+def test_a_checkpoint_with_an_arbitrary_object_is_refused_by_weights_only(tmp_path):
+    import pickle
+    path = d2lpar.save_checkpoint({'weight': torch.ones(2), 'extra': _Anything()}, tmp_path / 'x.pt')
+    with pytest.raises(pickle.UnpicklingError):
+        torch.load(path, weights_only=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['x.pt']  # no temporary left behind
+
+
+class _Anything:
+    pass
 
 
 def test_an_unindexed_cuda_device_means_the_current_one(monkeypatch):

@@ -287,3 +287,79 @@ def test_tensors_where_lists_belong_and_inputs_the_net_cannot_take():
         d2lpar.memory_footprint(net, torch.ones(3, 5))
     with pytest.raises(ValueError, match='optimizer_states'):
         d2lpar.memory_footprint(net, torch.ones(3, 4), optimizer_states=True)
+
+
+def _gpipe_step_before_the_split(model, X, y, loss, chunks):
+    """gpipe_step as it was written before its schedule became gpipe_stage (the reference)."""
+    import queue
+    import threading
+    import time
+    p, Xs, ys = len(model.stages), X.chunk(chunks), y.chunk(chunks)
+    inbox = [queue.Queue() for _ in range(p)]
+    gradbox = [queue.Queue() for _ in range(p)]
+    for Xj in Xs:
+        inbox[0].put(Xj)
+    losses, events, errors, t0 = [0.0] * chunks, [], [], time.perf_counter()
+
+    def receive(box):
+        item = box.get()
+        if item is None:
+            raise RuntimeError('another stage failed')
+        return item
+
+    def run_stage(i):
+        stage, device, last = model.stages[i], model.devices[i], i == p - 1
+        kept = []
+        try:
+            for j in range(chunks):
+                inp = receive(inbox[i])
+                start = time.perf_counter() - t0
+                x = inp.to(device).detach().requires_grad_(i > 0)
+                out = stage(x)
+                if last:
+                    out = loss(out, ys[j].to(device)) * (len(ys[j]) / len(X))
+                    losses[j] = out.item()
+                events.append((i, j, 'F', start, time.perf_counter() - t0))
+                if not last:
+                    inbox[i + 1].put(out.detach())
+                kept.append((x, out))
+            for j in reversed(range(chunks)):
+                grad = None if last else receive(gradbox[i]).to(device)
+                start = time.perf_counter() - t0
+                x, out = kept.pop()
+                out.backward(grad)
+                events.append((i, j, 'B', start, time.perf_counter() - t0))
+                if i > 0:
+                    gradbox[i - 1].put(x.grad)
+        except Exception as e:
+            errors.append((i, e))
+            for box in inbox + gradbox:
+                box.put(None)
+
+    threads = [threading.Thread(target=run_stage, args=(i,)) for i in range(p)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    return sum(losses), sorted(events, key=lambda e: e[3])
+
+
+@pytest.mark.parametrize('p,chunks,n', [(1, 1, 12), (2, 4, 12), (3, 3, 12), (3, 12, 12),
+                                        (2, 4, 10)])
+def test_gpipe_step_computes_exactly_what_it_did_before_the_split(p, chunks, n):
+    """The schedule moved into gpipe_stage and the threading into StageLinks: same numbers."""
+    torch.manual_seed(0)
+    X, y = data(n)
+    net = mlp()
+    results = []
+    for step in (_gpipe_step_before_the_split, d2lpar.gpipe_step):
+        model = d2lpar.ModelParallel(net, [CPU] * p)
+        got, events = step(model, X, y, nn.CrossEntropyLoss(), chunks)
+        results.append((got, [q.grad for q in model.parameters()],
+                        sorted((e[0], e[1], e[2]) for e in events)))
+    (loss_before, grads_before, tasks_before), (loss_now, grads_now, tasks_now) = results
+    assert loss_now == loss_before  # bit for bit: the same operations in the same order
+    torch.testing.assert_close(grads_now, grads_before, rtol=0, atol=0)
+    assert tasks_now == tasks_before
+

@@ -24,7 +24,7 @@ REQUIRED = {
     '07_ddp_practice': ['accumulate_step', 'amp_step', 'counting_backend', 'train_uneven',
                         'evaluate_distributed', 'loader_workers'],
     '04_model_parallel': ['ModelParallel', 'pipeline_schedule', 'bubble_fraction', 'idle_fraction',
-                          'gpipe_step'],
+                          'gpipe_stage', 'StageLinks', 'gpipe_step'],
     '12_tensor_parallel': ['CopyToParallel', 'ReduceFromParallel', 'copy_to_parallel',
                            'reduce_from_parallel', 'ColumnParallelLinear', 'RowParallelLinear',
                            'ParallelMLP', 'attend', 'SelfAttention', 'ParallelSelfAttention',
