@@ -4,7 +4,13 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.d2lpar-installed
 
-.PHONY: lab test html bench stress labcheck info clean
+.PHONY: lab test test-floor html bench stress labcheck gpucheck info clean
+
+# Empty: the newest torch the registry serves, as a learner's `pip install` gets it.
+TORCH ?=
+# The oldest supported release (README, "Versions"; pyproject.toml's lower bounds). `===`
+# matches the version exactly, so a local build such as 2.13.0+cpu is not taken instead.
+FLOOR := torch===2.13.0 torchvision===0.28.0
 
 # Jupyter refuses to run as root unless told to (containers often run as root).
 ROOT_FLAG := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root)
@@ -19,6 +25,9 @@ test: $(STAMP)  ## unit tests and solutions, then every chapter notebook under n
 	$(BIN)/python -m pytest -n 2 --dist loadfile tests notebooks/solutions
 	$(BIN)/python -m pytest notebooks --ignore=notebooks/solutions
 
+test-floor:  ## the same tests with the oldest supported torch, in .venv-floor
+	$(MAKE) test VENV=.venv-floor TORCH='$(FLOOR)'
+
 html: $(STAMP)  ## execute every notebook and render the course into build/html
 	$(BIN)/python -m d2lpar html $(HTML_FLAGS)
 
@@ -32,13 +41,16 @@ labcheck: $(STAMP)  ## Run All in JupyterLab in headless Chromium, every noteboo
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check playwright
 	$(BIN)/python tests/labcheck.py $(LABCHECK_FLAGS)
 
+gpucheck: $(STAMP)  ## verify the course on a GPU machine: every notebook at full size, the GPU-only runs, one table (GPUCHECK_FLAGS="--rows 05,nccl")
+	$(BIN)/python tests/gpucheck.py $(GPUCHECK_FLAGS)
+
 info: $(STAMP)  ## what this machine has: torch, CUDA, GPUs, backends
 	$(BIN)/python -m d2lpar info
 
 # Re-installs only when the dependencies change.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[course]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check $(TORCH) -e '.[course]'
 	touch $@
 
 clean:

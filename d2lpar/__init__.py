@@ -13,7 +13,7 @@ from .timing import Accumulator, Timer
 # Modules of later notebooks (one import line each, in notebook order).
 from .visibility import choose_gpu, misspelled_cuda_vars, parse_visible_devices, run_with_mask, run_with_masks, visible_gpus
 from .dataparallel import HandDataParallel, Replica, data_parallel, gather, load_state_dict_flexible, parallel_apply, replicate, save_checkpoint, scatter_inputs
-from .pipeline import ModelParallel, bubble_fraction, gpipe_step, idle_fraction, memory_footprint, pipeline_schedule, plot_schedule, schedule_problems
+from .pipeline import ModelParallel, StageLinks, bubble_fraction, gpipe_stage, gpipe_step, idle_fraction, memory_footprint, pipeline_schedule, plot_schedule, schedule_problems
 from .launch import LaunchResult, end_processes, free_port, launch, launched_processes, loopback_interface, port_is_free
 from .training import TrainResult, sgd, train, train_batch
 from .miniddp import BucketDDP, HookDDP, MiniDDP

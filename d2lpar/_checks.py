@@ -1,5 +1,6 @@
 """Argument checks shared by the modules, so every caller words an error the same way."""
 import functools
+import inspect
 import math
 
 import torch
@@ -63,8 +64,20 @@ def checked(check):
     the function is called with those instead (e.g. devices made torch.device).
     """
     def decorate(fn):
+        signature = inspect.signature(fn)
+        name, shown = fn.__qualname__, signature
+        if next(iter(signature.parameters), None) == 'self':  # a method: show it without self
+            shown = signature.replace(parameters=list(signature.parameters.values())[1:])
+            name = name.removesuffix('.__init__')  # a constructor is called by its class's name
+
         @functools.wraps(fn)
         def run_checked(*args, **kwargs):
+            # Bind to the public function first: an unknown or missing argument is then reported
+            # under its name, not under the name of the internal check.
+            try:
+                signature.bind(*args, **kwargs)
+            except TypeError as e:
+                raise TypeError(f'{name}{shown}: {e}') from None
             normalized = check(*args, **kwargs)
             if normalized is not None:
                 args, kwargs = normalized

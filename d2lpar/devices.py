@@ -30,7 +30,7 @@ def gpu_problem():
 
 
 def try_gpu(i=0):
-    """Return gpu(i) if it exists, otherwise return cpu()."""
+    """Return the device of GPU `i` when this process can use it, else the CPU."""
     if not isinstance(i, int) or isinstance(i, bool):
         raise TypeError(f'try_gpu(i) needs an int GPU index such as 0 or 1, got '
                         f'{type(i).__name__} {i!r}')
@@ -41,7 +41,7 @@ def try_gpu(i=0):
 
 
 def try_all_gpus():
-    """Return all available GPUs, or [cpu()] if there is no GPU."""
+    """Return a device for every GPU this process can use; just the CPU when there are none."""
     devices = [torch.device(f'cuda:{i}') for i in range(num_gpus())]
     return devices if devices else [torch.device('cpu')]
 

@@ -7,7 +7,26 @@ import torch
 from .data import fashion_mnist_source
 from .devices import gpu_problem, hardware_tier, num_gpus, small_workload
 
-__all__ = ['report', 'show_setup']
+__all__ = ['report', 'show_setup', 'torch_problem']
+
+# The oldest torch the course is tested on (pyproject.toml's lower bound; README, "Versions").
+TORCH_FLOOR = (2, 13)
+
+
+def torch_problem(version=None):
+    """Return why this torch is older than the course supports, or None."""
+    version = torch.__version__ if version is None else version
+    parts = version.split('+')[0].split('.')
+    try:
+        found = tuple(int(p) for p in parts[:2])
+    except ValueError:  # a development build such as '2.16.0a0': newer than any floor
+        return None
+    if found >= TORCH_FLOOR:
+        return None
+    floor = '.'.join(map(str, TORCH_FLOOR))
+    return (f'torch {version} is older than {floor}, the oldest release this course is tested '
+            f'on: some cells will fail. Install torch>={floor} built for your GPU driver '
+            '(README, "On a hosted notebook service").')
 
 
 def _backends():
@@ -26,6 +45,7 @@ def report():
              f'  python            {platform.python_version()} ({platform.system()} {platform.machine()})',
              f'  torch             {torch.__version__} (built with CUDA {cuda})',
              f'  torchvision       {torchvision.__version__}',
+             *([f'  torch problem     {torch_problem()}'] if torch_problem() else []),
              f'  CUDA_VISIBLE_DEVICES = {os.environ.get("CUDA_VISIBLE_DEVICES", "(not set)")!s}',
              f'  CUDA available    {torch.cuda.is_available()}']
     gpus = num_gpus()
@@ -55,6 +75,8 @@ def show_setup(data=False):
     problem = gpu_problem()
     if problem:
         print(f'no usable GPU: {problem}')
+    if torch_problem():
+        print(f'WARNING: {torch_problem()}')
     print(f'workload: {"small (D2LPAR_SMALL=1, as under the test suite)" if small_workload() else "full"}')
     if data:
         print(f'Fashion-MNIST: {fashion_mnist_source()}')

@@ -81,7 +81,7 @@ def lenet(X, params):
 
 
 def accuracy(y_hat, y):
-    """Compute the number of correct predictions."""
+    """Return how many rows of `y_hat` pick the label in `y` (class scores or labels)."""
     if y_hat.dim() > 1 and y_hat.shape[1] > 1:  # scores per class: take the best class
         y_hat = y_hat.argmax(dim=1)
     return float((y_hat.type(y.dtype) == y).sum())
@@ -97,7 +97,11 @@ def _check_evaluate_accuracy_gpu(net, data_iter, device=None):
 
 @checked(_check_evaluate_accuracy_gpu)
 def evaluate_accuracy_gpu(net, data_iter, device=None):
-    """Compute the accuracy for a model on a dataset using a GPU (or any device)."""
+    """Return the share of examples in `data_iter` that `net` classifies right.
+
+    Each batch is moved to `device` (by default, where the network's parameters
+    are); a module is put in evaluation mode first.
+    """
     if isinstance(net, nn.Module):
         net.eval()
         if device is None:

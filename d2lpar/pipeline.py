@@ -2,11 +2,12 @@
 
 The algorithms are written in notebook 4's cells (marked `#@save`) and are the
 same code here; their argument checks are the `_check_...` functions, run by
-`@checked` before the algorithm. Stages run in their own threads and pass
-micro-batches through queues, so on GPUs (or on CPU cores, with
-torch.set_num_threads(1)) stage i works on micro-batch j while stage i+1 works
-on micro-batch j-1.
+`@checked` before the algorithm. `gpipe_stage` is the schedule of one stage;
+`gpipe_step` runs one per stage in its own thread, linked by queues
+(`StageLinks`), so on GPUs (or on CPU cores, with torch.set_num_threads(1))
+stage i works on micro-batch j while stage i+1 works on micro-batch j-1.
 """
+import contextlib
 import copy
 import math
 import numbers
@@ -21,7 +22,7 @@ from ._checks import checked, positive_int
 from .devices import synchronize
 from .parallel import _check_devices
 
-__all__ = ['ModelParallel', 'gpipe_step', 'pipeline_schedule', 'bubble_fraction',
+__all__ = ['ModelParallel', 'gpipe_stage', 'StageLinks', 'gpipe_step', 'pipeline_schedule', 'bubble_fraction',
            'idle_fraction', 'schedule_problems', 'plot_schedule', 'memory_footprint']
 
 
@@ -93,61 +94,102 @@ def _check_gpipe_step(model, X, y, loss, chunks):
                          f'(torch.chunk gives {made}); pick chunks that divide the batch size')
 
 
-@checked(_check_gpipe_step)
-def gpipe_step(model, X, y, loss, chunks):
-    """Run forward and backward of a ModelParallel on (X, y) as `chunks` micro-batches, GPipe-style.
+def gpipe_stage(i, model, chunks, link, loss_of):
+    """Run stage i's part of a GPipe step: every micro-batch forward, then backward in reverse.
 
-    Each stage runs in its own thread: all forward passes, then all backward
-    passes, the gradients accumulating in the parameters (zero them before).
-    `loss` averages over its batch. Returns the loss of the whole batch and
-    the events (stage, micro-batch, 'F' or 'B', start, end) in seconds.
+    `link` carries activations and gradients between the stages and clocks the
+    work; `loss_of(j, out)` turns the last stage's output for micro-batch j into
+    its loss.
     """
-    p, Xs, ys = len(model.stages), X.chunk(chunks), y.chunk(chunks)
-    inbox = [queue.Queue() for _ in range(p)]  # inputs of stage i, first micro-batch first
-    gradbox = [queue.Queue() for _ in range(p)]  # gradients of stage i's outputs, last first
-    for Xj in Xs:
-        inbox[0].put(Xj)
-    losses, events, errors, t0 = [0.0] * chunks, [], [], time.perf_counter()
+    stage, device, last = model.stages[i], model.devices[i], i == len(model.stages) - 1
+    kept = []  # (input, output) of each micro-batch, until its backward pass
+    for j in range(chunks):
+        inp = link.receive_input(i)
+        with link.clock(i, j, 'F'):
+            x = inp.to(device).detach().requires_grad_(i > 0)  # a fresh leaf: backward stops here
+            out = stage(x)
+            if last:
+                out = loss_of(j, out)
+        if not last:
+            link.send_input(i + 1, out.detach())
+        kept.append((x, out))
+    for j in reversed(range(chunks)):
+        grad = None if last else link.receive_grad(i).to(device)
+        with link.clock(i, j, 'B'):
+            x, out = kept.pop()
+            out.backward(grad)
+        if i > 0:
+            link.send_grad(i - 1, x.grad)  # the gradient of this stage's input, for stage i-1
 
-    def receive(box):
-        item = box.get()
+
+class StageLinks:
+    """Queues between pipeline stages that run in threads, and a clock for their work."""
+
+    def __init__(self, devices):
+        self.devices = list(devices)
+        self.inputs = [queue.Queue() for _ in devices]  # inputs of stage i, first micro-batch first
+        self.grads = [queue.Queue() for _ in devices]  # gradients of stage i's outputs, last first
+        self.events, self.t0 = [], time.perf_counter()
+
+    def send_input(self, i, x):
+        self.inputs[i].put(x)
+
+    def send_grad(self, i, grad):
+        self.grads[i].put(grad)
+
+    def receive_input(self, i):
+        return self._receive(self.inputs[i])
+
+    def receive_grad(self, i):
+        return self._receive(self.grads[i])
+
+    def _receive(self, box):
+        item = box.get()  # blocks this stage's thread until the neighbour has sent
         if item is None:  # the signal that another stage failed
             raise RuntimeError('another stage failed')
         return item
 
-    def run_stage(i):
-        stage, device, last = model.stages[i], model.devices[i], i == p - 1
-        kept = []  # (input, output) of each micro-batch, until its backward pass
+    def fail(self):
+        """Wake every waiting stage with the failure signal, so that all of them stop."""
+        for box in self.inputs + self.grads:
+            box.put(None)
+
+    @contextlib.contextmanager
+    def clock(self, i, j, phase):
+        """Record the work inside the block as the event (i, j, phase, start, end), in seconds."""
+        start = time.perf_counter() - self.t0
+        yield
+        synchronize(self.devices[i])  # a GPU works asynchronously: wait before reading the clock
+        self.events.append((i, j, phase, start, time.perf_counter() - self.t0))
+
+
+@checked(_check_gpipe_step)
+def gpipe_step(model, X, y, loss, chunks):
+    """Run forward and backward of a ModelParallel on (X, y) as `chunks` micro-batches, GPipe-style.
+
+    Each stage runs gpipe_stage in its own thread: all forward passes, then all
+    backward passes, the gradients accumulating in the parameters (zero them
+    before). `loss` averages over its batch. Returns the loss of the whole
+    batch and the events (stage, micro-batch, 'F' or 'B', start, end) in seconds.
+    """
+    Xs, ys = X.chunk(chunks), y.chunk(chunks)
+    link, losses, errors = StageLinks(model.devices), [0.0] * chunks, []
+    for Xj in Xs:
+        link.send_input(0, Xj)
+
+    def loss_of(j, out):  # weighted by its share of the batch: the gradients add up to the batch's
+        l = loss(out, ys[j].to(out.device)) * (len(ys[j]) / len(X))
+        losses[j] = l.item()
+        return l
+
+    def run(i):
         try:
-            for j in range(chunks):
-                inp = receive(inbox[i])
-                start = time.perf_counter() - t0
-                # A fresh leaf: backward stops here and leaves the input's gradient in x.grad.
-                x = inp.to(device).detach().requires_grad_(i > 0)
-                out = stage(x)
-                if last:  # weighted by its share of the batch: the gradients add up to the batch's
-                    out = loss(out, ys[j].to(device)) * (len(ys[j]) / len(X))
-                    losses[j] = out.item()
-                synchronize(device)  # a GPU works asynchronously: wait before reading the clock
-                events.append((i, j, 'F', start, time.perf_counter() - t0))
-                if not last:
-                    inbox[i + 1].put(out.detach())
-                kept.append((x, out))
-            for j in reversed(range(chunks)):
-                grad = None if last else receive(gradbox[i]).to(device)
-                start = time.perf_counter() - t0
-                x, out = kept.pop()
-                out.backward(grad)
-                synchronize(device)
-                events.append((i, j, 'B', start, time.perf_counter() - t0))
-                if i > 0:
-                    gradbox[i - 1].put(x.grad)
+            gpipe_stage(i, model, chunks, link, loss_of)
         except Exception as e:
             errors.append((i, e))
-            for box in inbox + gradbox:  # wake every waiting stage, so that all of them stop
-                box.put(None)
+            link.fail()
 
-    threads = [threading.Thread(target=run_stage, args=(i,)) for i in range(p)]
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(model.stages))]
     for t in threads:
         t.start()
     for t in threads:
@@ -156,7 +198,7 @@ def gpipe_step(model, X, y, loss, chunks):
         i, e = errors[0]
         raise RuntimeError(f'gpipe_step: stage {i} on {model.devices[i]} failed: '
                            f'{type(e).__name__}: {e}') from e
-    return sum(losses), sorted(events, key=lambda e: e[3])
+    return sum(losses), sorted(link.events, key=lambda e: e[3])
 
 
 def _check_pipeline_schedule(num_stages, num_microbatches, t_forward=1, t_backward=1):

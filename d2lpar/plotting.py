@@ -19,12 +19,27 @@ def _plain(value):
     return value.tolist() if hasattr(value, 'tolist') else value
 
 
-class Animator:
-    """Plot data in animation.
+def _limits(value, name):
+    """Return `value` if it is None or a pair (low, high) of numbers or Nones, else raise."""
+    if value is None:
+        return None
+    value = _plain(value)
+    if (isinstance(value, (str, bytes)) or not hasattr(value, '__len__') or len(value) != 2
+            or any(v is not None and (isinstance(v, bool) or not isinstance(_plain(v), (int, float)))
+                   for v in value)):
+        raise ValueError(f'Animator: {name} must be None or a pair [low, high] of numbers '
+                         f'(None leaves that end free), got {value!r}')
+    return [_plain(v) for v in value]
 
-    In a notebook the figure is one PNG output that is replaced on every
-    `add`, so it grows live without piling up copies. In a plain script it
-    prints each new point instead, which keeps scripts and logs readable.
+
+class Animator:
+    """Draw one or more curves that grow point by point while a loop runs.
+
+    In a notebook the figure is a single PNG output, replaced at every `add`,
+    so the plot updates in place instead of piling up copies. Outside a
+    notebook each new point is printed as a line of text, which keeps scripts
+    and their logs readable. The Animator draws one plot: `nrows` and `ncols`
+    exist for d2l's signature and must stay 1.
     """
 
     def __init__(self, xlabel=None, ylabel=None, legend=None, xlim=None,
@@ -34,6 +49,10 @@ class Animator:
         for name, value in (('nrows', nrows), ('ncols', ncols)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f'Animator: {name} must be a positive int, got {value!r}')
+        if (nrows, ncols) != (1, 1):  # d2l also draws only into the first subplot: say so
+            raise ValueError(f'Animator draws one plot, got nrows={nrows}, ncols={ncols}; make one '
+                             'Animator per plot (several lines go into one plot through legend=)')
+        xlim, ylim = _limits(xlim, 'xlim'), _limits(ylim, 'ylim')
         # A bare Figure avoids pyplot's global state and its auto-display.
         from matplotlib.figure import Figure
         self.fig = Figure(figsize=figsize)
@@ -48,7 +67,7 @@ class Animator:
         self._handle = None
 
     def add(self, x, y):
-        """Add one point per line: x and y are scalars or equal-length lists."""
+        """Append a point to every curve: x and y are numbers or lists of one per curve."""
         x, y = _plain(x), _plain(y)
         if not isinstance(y, (list, tuple)):
             y = [y]

@@ -86,19 +86,20 @@ def save_cells(path):
         raise RuntimeError('save_cells: runs inside a Jupyter or IPython kernel, which keeps the '
                            'cells it ran; in a plain script, import the functions instead')
     path = path.resolve()
-
-    unrecorded = []  # cells run without history (as notebook runners may do), in order
+    # The cells run so far, then each cell as it finishes. Not `In` alone: a kernel driven
+    # with store_history=False (nbval, some front ends) never adds to it.
+    ran = list(shell.user_ns['In'])
 
     def write(result=None):
         if result is not None:
             if not result.success:  # a broken edit keeps the old module
                 return
-            raw = str(result.info.raw_cell)
-            if not result.info.store_history:
-                unrecorded.append(raw)
-            if not raw.lstrip().startswith(MARK):  # nothing new to save
-                return
-        _write(path, saved_source(list(shell.user_ns['In']) + unrecorded, module=path.stem))
+            source = shell.transform_cell(str(result.info.raw_cell))
+            if not ran or ran[-1] != source:  # the cell that called save_cells is in In already
+                ran.append(source)
+            if not str(result.info.raw_cell).lstrip().startswith(MARK):
+                return  # nothing new to save
+        _write(path, saved_source(ran, module=path.stem))
 
     events = shell.events
     for callback in list(events.callbacks['post_run_cell']):

@@ -9,7 +9,7 @@ __all__ = ['Timer', 'Accumulator']
 
 
 class Timer:
-    """Record multiple running times.
+    """Time a piece of code again and again, keeping every measurement in `times`.
 
     CUDA kernels run asynchronously, so timing GPU work without waiting for it
     measures only the launch. The Timer waits for queued CUDA work at start and
@@ -34,28 +34,28 @@ class Timer:
         self.start()
 
     def start(self):
-        """Start the timer."""
+        """Begin a measurement (after queued GPU work has finished)."""
         synchronize(self.device)
         self.tik = time.perf_counter()
 
     def stop(self):
-        """Stop the timer and record the time in a list."""
+        """End the measurement, append it to `times` and return it, in seconds."""
         synchronize(self.device)
         self.times.append(time.perf_counter() - self.tik)
         return self.times[-1]
 
     def avg(self):
-        """Return the average time."""
+        """Return the mean of the measurements."""
         if not self.times:
             raise RuntimeError('Timer.avg(): no time recorded yet; call stop() first')
         return sum(self.times) / len(self.times)
 
     def sum(self):
-        """Return the sum of time."""
+        """Return the total of the measurements."""
         return sum(self.times)
 
     def cumsum(self):
-        """Return the accumulated time."""
+        """Return the running totals: the time elapsed after each measurement."""
         total, out = 0.0, []
         for t in self.times:
             total += t
@@ -64,7 +64,7 @@ class Timer:
 
 
 class Accumulator:
-    """For accumulating sums over `n` variables."""
+    """Keep `n` running sums side by side, e.g. correct predictions and examples seen."""
 
     def __init__(self, n):
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
@@ -73,13 +73,24 @@ class Accumulator:
         self.data = [0.0] * n
 
     def add(self, *args):
+        """Add one value to each sum, in order."""
         if len(args) != len(self.data):
             raise ValueError(f'Accumulator holds {len(self.data)} sums, '
                              f'add() got {len(args)} values')
-        self.data = [a + float(b) for a, b in zip(self.data, args)]
+        values = []
+        for k, b in enumerate(args):
+            try:  # numbers, 0-d tensors and NumPy scalars all convert
+                values.append(float(b))
+            except (TypeError, ValueError, RuntimeError):
+                raise TypeError(f'Accumulator.add: value {k} must be a number (or a tensor '
+                                f'with one element), got {type(b).__name__} {b!r}; nothing '
+                                'was added') from None
+        self.data = [a + b for a, b in zip(self.data, values)]
 
     def reset(self):
+        """Set every sum back to zero."""
         self.data = [0.0] * len(self.data)
 
     def __getitem__(self, idx):
+        """Return sum number `idx`."""
         return self.data[idx]

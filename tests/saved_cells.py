@@ -29,8 +29,8 @@ NOTEBOOKS = ROOT / 'notebooks'
 MARK = '#@save'
 # Submodules whose saved objects are not re-exported at the top of `d2lpar`:
 # a notebook calls them as d2lpar.<module>.<name>.
-MODULES = ('collectives', 'miniddp', 'zero', 'memory', 'fsdp', 'tensor_parallel', 'distributed', 'ddp_practice',
-           'ddp')
+MODULES = ('collectives', 'miniddp', 'zero', 'memory', 'fsdp', 'tensor_parallel', 'distributed',
+           'ddp_practice', 'ddp', 'pipelining', 'expert_parallel', 'context_parallel')
 
 
 def saved_cells(path):

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import d2lpar
-from d2lpar import collectives
+from d2lpar import collectives, pipelining, tensor_parallel
 
 NAN, INF = float('nan'), float('inf')
 BAD = [NAN, INF, -INF, -1, 0, -0.5, 1e300, '', 'abc', None, True, [], {}, (), object(),
@@ -76,6 +76,14 @@ API = {
     'gather': (d2lpar.gather, {'outputs': lambda: [torch.ones(2, 3), torch.ones(2, 3)],
                                'output_device': lambda: CPU}),
     'Residual': (d2lpar.Residual, {'num_channels': lambda: 4}),
+    'block_bytes': (tensor_parallel.block_bytes, {
+        'num_params': lambda: 1000, 'tokens': lambda: 64, 'dim': lambda: 16, 'n': lambda: 4,
+        'replicated': lambda: 10, 'bytes_per_value': lambda: 2}),
+    'interleaved_bubble': (pipelining.interleaved_bubble, {'p': lambda: 4, 'm': lambda: 8,
+                                                           'v': lambda: 2}),
+    'replay': (pipelining.replay, {'events': lambda: [(0, 0, 0, 'F', 0.0, 1.0), (1, 1, 0, 'F', 1.0, 2.0),
+                                                      (1, 1, 0, 'B', 2.0, 4.0), (0, 0, 0, 'B', 4.0, 6.0)],
+                                   'v': lambda: 1}),
 }
 
 
@@ -128,3 +136,53 @@ def test_bad_input_gets_a_clear_error_or_a_clean_result(function, data):
     except Exception as error:  # noqa: BLE001 - anything else is the defect this test is for
         pytest.fail(f'{function}({argument}={bad!r}) raised {type(error).__name__}: {error}')
     assert not has_nan(result), f'{function}({argument}={bad!r}) returned NaN: {result!r}'
+
+
+# Four inputs that used to get a raw or silent answer (issue 25).
+def test_accumulator_add_refuses_a_string_and_adds_nothing():
+    metric = d2lpar.Accumulator(2)
+    metric.add(1, 2)
+    with pytest.raises(TypeError, match=r"Accumulator\.add: value 0 must be a number.*'a'"):
+        metric.add('a', 1)
+    with pytest.raises(TypeError, match=r'Accumulator\.add: value 1'):
+        metric.add(1, torch.ones(3))  # a tensor of three values is no number either
+    assert metric.data == [1.0, 2.0]  # nothing half added
+    metric.add(torch.tensor(1.5), 1)  # a one-element tensor is a number
+    assert metric.data == [2.5, 3.0]
+
+
+@pytest.mark.parametrize('shape', [dict(nrows=2), dict(ncols=3), dict(nrows=2, ncols=2)])
+def test_animator_refuses_several_subplots_instead_of_drawing_into_one(shape):
+    with pytest.raises(ValueError, match='Animator draws one plot'):
+        d2lpar.Animator(**shape)
+
+
+@pytest.mark.parametrize('name', ['xlim', 'ylim'])
+@pytest.mark.parametrize('bad', ['bad', 3, [1], [1, 2, 3], ['a', 1], [True, 2]])
+def test_animator_refuses_bad_limits_when_built_not_at_the_first_add(name, bad):
+    with pytest.raises(ValueError, match=f'Animator: {name} must be None or a pair'):
+        d2lpar.Animator(**{name: bad})
+
+
+@pytest.mark.parametrize('limits', [None, [0, 1], (0.5, None), [None, 2], torch.tensor([0.0, 3.0])])
+def test_animator_takes_good_limits(limits, capsys):
+    d2lpar.Animator(xlim=limits, ylim=limits).add(1, 0.5)
+    assert '0.5' in capsys.readouterr().out
+
+
+CHECKED = [(d2lpar.scatter_inputs, (torch.ones(4, 2), [CPU, CPU]), 'scatter_inputs'),
+           (d2lpar.HandDataParallel, (torch.nn.Linear(2, 2), [CPU]), 'HandDataParallel'),
+           (d2lpar.evaluate_accuracy_gpu, (lambda X: X, []), 'evaluate_accuracy_gpu'),
+           (d2lpar.train, (1, 16, 0.1), 'train')]
+
+
+@pytest.mark.parametrize('function, args, public', CHECKED, ids=[c[2] for c in CHECKED])
+def test_an_unknown_keyword_names_the_public_function_not_its_checker(function, args, public):
+    with pytest.raises(TypeError) as caught:
+        function(*args, data=1)
+    message = str(caught.value)
+    assert message.startswith(public + '(') and "'data'" in message, message
+    assert '_check' not in message, message
+    with pytest.raises(TypeError) as caught:
+        function()  # a missing argument, too
+    assert str(caught.value).startswith(public + '(') and '_check' not in str(caught.value)

@@ -37,7 +37,9 @@ CHECKS = {
     exercises.check_shard_rows: ('11_fsdp2', 'shard_rows'),
     exercises.check_slurm_ranks: ('06_ddp_launching', 'slurm_ranks'),
     exercises.check_accumulation: ('07_ddp_practice', 'accumulate_uneven'),
-    exercises.check_row_parallel_linear: ('11_tensor_pipeline', 'row_parallel_linear'),
+    exercises.check_row_parallel_linear: ('12_tensor_parallel', 'row_parallel_linear'),
+    exercises.check_interleaved_stages: ('13_pipeline_parallel', 'interleaved_stages'),
+    exercises.check_online_softmax_merge: ('14_context_expert', 'merge_partial'),
 }
 
 
@@ -655,7 +657,7 @@ def test_row_parallel_wrong_answers_get_their_hint(wrong, hint):
 
 
 def test_row_parallel_reference_agrees_with_autograd_on_the_unsplit_layer():
-    fn = solution('11_tensor_pipeline', 'row_parallel_linear')
+    fn = solution('12_tensor_parallel', 'row_parallel_linear')
     layer, n = torch.nn.Linear(6, 4), 3
     X = torch.randn(5, 6, requires_grad=True)
     G = torch.randn(5, 4)
@@ -724,3 +726,97 @@ def test_accumulation_reference_equals_one_step_on_the_concatenated_batch():
     opts[1].step()
     for a, b in zip(nets[0].parameters(), nets[1].parameters()):
         torch.testing.assert_close(a, b)
+
+
+# ------------------------------------------------- notebook 13: interleaved stage placement
+
+def stages_contiguous(rank, p, v, style):
+    return [rank * v + i for i in range(v)]
+
+
+def stages_reversed(rank, p, v, style):
+    return list(reversed([rank + k * p for k in range(v)])) if style == 'loop' else [2 * p - 1 - rank, rank]
+
+
+def stages_loop_for_v(rank, p, v, style):
+    return [rank + k * p for k in range(v)]
+
+
+def stages_off_by_one(rank, p, v, style):
+    return [rank + k * p for k in range(v)] if style == 'loop' else [rank, 2 * p - rank]
+
+
+@pytest.mark.parametrize('wrong, hint', [
+    (stages_contiguous, 'neighbouring stages'),
+    (stages_reversed, 'in another order'),
+    (stages_loop_for_v, 'is the loop placement'),
+    (stages_off_by_one, "'v' (v = 2): rank r holds stage r"),
+], ids=lambda x: getattr(x, '__name__', None))
+def test_interleaved_stages_wrong_answers_get_their_hint(wrong, hint):
+    for seed in SEEDS:
+        verdict = exercises.check_interleaved_stages(wrong, seed=seed)
+        assert verdict.attempted and not verdict.passed and hint in verdict.message, verdict
+
+
+def test_interleaved_stages_reference_matches_what_the_schedules_accept():
+    """The reference's placements are the ones torch's schedules ran in notebook 13's script."""
+    fn = solution('13_pipeline_parallel', 'interleaved_stages')
+    assert [fn(r, 2, 2, 'loop') for r in range(2)] == [[0, 2], [1, 3]]  # the script's r, r + p
+    assert [fn(r, 2, 2, 'v') for r in range(2)] == [[0, 3], [1, 2]]  # the script's r, 2p - 1 - r
+# ------------------------------------------------- notebook 14: merging running softmax states
+
+def merge_no_rescale(m1, l1, acc1, m2, l2, acc2):
+    return torch.maximum(m1, m2), l1 + l2, acc1 + acc2
+
+
+def merge_adds_outputs(m1, l1, acc1, m2, l2, acc2):
+    return torch.maximum(m1, m2), torch.ones_like(l1), acc1 / l1 + acc2 / l2
+
+
+def merge_averages_outputs(m1, l1, acc1, m2, l2, acc2):
+    return torch.maximum(m1, m2), torch.ones_like(l1), (acc1 / l1 + acc2 / l2) / 2
+
+
+def merge_without_running_max(m1, l1, acc1, m2, l2, acc2):
+    e1, e2 = torch.exp(m1), torch.exp(m2)
+    return torch.zeros_like(m1), e1 * l1 + e2 * l2, e1 * acc1 + e2 * acc2
+
+
+def merge_relative_to_first(m1, l1, acc1, m2, l2, acc2):
+    a2 = torch.exp(m2 - m1)  # fine until block 1 is masked out (m1 = -inf)
+    return m1, l1 + a2 * l2, acc1 + a2 * acc2
+
+
+def merge_inverse_factor(m1, l1, acc1, m2, l2, acc2):
+    m = torch.maximum(m1, m2)
+    a1, a2 = torch.exp(m - m1), torch.exp(m - m2)
+    return m, a1 * l1 + a2 * l2, a1 * acc1 + a2 * acc2
+
+
+@pytest.mark.parametrize('wrong, hint', [
+    (merge_no_rescale, 'relative to its own maximum'),
+    (merge_adds_outputs, 'normalised outputs'),
+    (merge_averages_outputs, 'equal weights'),
+    (merge_without_running_max, 'overflows'),
+    (merge_relative_to_first, 'm_i = -inf'),
+    (merge_inverse_factor, 'not exp(m - m_i)'),
+], ids=lambda x: getattr(x, '__name__', None))
+def test_merge_wrong_answers_get_their_hint(wrong, hint):
+    for seed in SEEDS:
+        verdict = exercises.check_online_softmax_merge(wrong, seed=seed)
+        assert verdict.attempted and not verdict.passed and hint in verdict.message, verdict
+
+
+def test_merge_reference_agrees_with_torch_on_the_ring_attention_merge():
+    """The (m, l, acc) state and d2lpar's (O, lse) merge describe the same result."""
+    from d2lpar.context_parallel import attend_block, merge_attention
+    from d2lpar.exercises.context_expert import partial
+    fn = solution('14_context_expert', 'merge_partial')
+    torch.manual_seed(0)
+    Q, K, V = torch.randn(4, 3, dtype=torch.float64), torch.randn(7, 3, dtype=torch.float64), \
+        torch.randn(7, 3, dtype=torch.float64)
+    s = Q @ K.T / 3 ** 0.5
+    m, l, acc = fn(*partial(s[:, :3], V[:3]), *partial(s[:, 3:], V[3:]))
+    O, lse = merge_attention(*attend_block(Q, K[:3], V[:3]), *attend_block(Q, K[3:], V[3:]))
+    torch.testing.assert_close(acc / l, O)
+    torch.testing.assert_close(m + torch.log(l), lse)

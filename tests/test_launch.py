@@ -97,7 +97,8 @@ def test_echo_prints_each_line_prefixed_by_its_rank(capsys):
         assert any(line.startswith(f'[rank {rank}] hello from rank {rank} pid ')
                    and line.endswith(f"argv ['--local-rank={rank}', '--mode', 'quick']")
                    for line in lines), lines
-    assert any('torch.distributed.launch is deprecated' in line for line in lines)
+    # torch warns that the launcher is deprecated; its category, not its wording, is checked
+    assert any('FutureWarning' in line for line in lines)
 
 
 @pytest.mark.parametrize('kwargs,error,message', [

@@ -115,3 +115,15 @@ def test_notebooks_are_valid_nbformat_with_cell_ids():
             f'{path.name}: cells {[i for i, x in enumerate(ids) if x is None]} lack an id or ids '
             f'repeat; run nbformat.validator.normalize on it (or save it once in JupyterLab)')
         nbformat.validate(nbformat.reads(path.read_text(), as_version=4))
+
+
+def test_an_older_torch_is_named_and_the_floor_matches_pyproject():
+    import re
+    from d2lpar import info
+    text = (Path(__file__).resolve().parent.parent / 'pyproject.toml').read_text()
+    floor = re.search(r'"torch>=(\d+)\.(\d+)"', text).groups()
+    assert tuple(map(int, floor)) == info.TORCH_FLOOR
+    assert info.torch_problem('2.12.1+cu126').startswith('torch 2.12.1+cu126 is older than 2.13')
+    assert info.torch_problem('1.13.0') is not None
+    assert info.torch_problem('2.13.0+cpu') is None and info.torch_problem('2.15.0') is None
+    assert info.torch_problem('2.16.0a0+git123') is None and info.torch_problem('3.0') is None

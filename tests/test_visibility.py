@@ -312,3 +312,26 @@ def test_a_child_whose_gpus_cannot_start_reports_none_and_does_not_crash():
     seen = d2lpar.run_with_mask(None, code=too_old)
     assert seen['device_count'] == 0 and not seen['cuda_available'] and seen['names'] == []
     assert seen['report']['num_gpus'] == 0
+
+
+def test_a_mask_set_after_is_available_fools_device_count_but_not_cuda(monkeypatch):
+    """Notebook 2's trap, on torch's own device_count with the driver mocked.
+
+    The CUDA runtime read CUDA_VISIBLE_DEVICES when is_available() initialised the driver: it
+    keeps seeing 2 GPUs. Until torch has initialised CUDA, device_count() asks NVML and applies
+    the variable as it is now; afterwards it asks the runtime.
+    """
+    import torch
+    monkeypatch.setattr(torch.cuda, '_is_compiled', lambda: True)
+    monkeypatch.setattr(torch._C, '_cuda_getDeviceCount', lambda: 2, raising=False)
+    monkeypatch.setattr(torch.cuda, '_raw_device_count_nvml', lambda: 2)  # NVML: 2 GPUs in the box
+    monkeypatch.setattr(torch.cuda, '_initialized', False)
+    monkeypatch.setattr(torch.cuda, '_cached_device_count', None)
+    monkeypatch.setenv('CUDA_VISIBLE_DEVICES', '')  # set too late: after is_available()
+    assert torch.cuda.device_count() == 0  # follows the changed variable
+    monkeypatch.setenv('CUDA_VISIBLE_DEVICES', '1')
+    assert torch.cuda.device_count() == 1
+    monkeypatch.setattr(torch.cuda, '_initialized', True)  # the first CUDA tensor initialised torch
+    assert torch.cuda.device_count() == 2  # now the runtime answers, with the mask it read first
+    monkeypatch.setenv('CUDA_VISIBLE_DEVICES', '')
+    assert torch.cuda.device_count() == 2  # and the answer is kept

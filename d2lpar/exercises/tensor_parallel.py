@@ -1,4 +1,4 @@
-"""Checker of notebook 11: a row-parallel linear's forward and backward, simulated for N ranks in one process."""
+"""Checker of notebook 12: a row-parallel linear's forward and backward, simulated for N ranks in one process."""
 import torch
 
 from ._verdict import _Fail, _call, _checker
