@@ -160,3 +160,73 @@ def test_an_explicit_nccl_without_a_gpu_per_process_is_refused_clearly(script, h
     assert not result.ok and not result.timed_out
     assert 'backend nccl needs one GPU per process: 2 local process(es) but 0 usable' in said
     assert 'invalid device ordinal' not in said
+
+
+def load_script(name):
+    """Import a script of notebooks/scripts as a module, without running its main()."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(f'script_{name[:-3]}', SCRIPTS / name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class Joined(Exception):
+    """Raised by the fake init_process_group: the test has seen what it needs."""
+
+
+@pytest.mark.parametrize('name,argv', [('hello_dist.py', []), ('ddp_anatomy.py', []),
+                                       ('ddp_practice.py', ['--parts', 'accumulate'])])
+def test_scripts_bind_the_gpu_and_join_nccl_with_device_id(monkeypatch, name, argv):
+    # issue 24, defect 10: NCCL without device_id makes barrier() guess the GPU (and warn).
+    # A 2-GPU machine is faked: torch's GPU count and NCCL, set_device and the group itself.
+    import d2lpar.distributed
+    import torch.distributed as dist
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    script = load_script(name)
+    calls = []
+    monkeypatch.setattr(d2lpar.distributed, 'num_gpus', lambda: 2)
+    monkeypatch.setattr(dist, 'is_nccl_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'set_device', lambda device: calls.append(('bind', device)))
+
+    def init_process_group(backend, **kwargs):
+        calls.append(('join', backend, kwargs.get('device_id')))
+        raise Joined
+
+    monkeypatch.setattr(dist, 'init_process_group', init_process_group)
+    monkeypatch.setattr(sys, 'argv', [name, '--backend', 'nccl', *argv])
+    for key, value in dict(RANK='1', LOCAL_RANK='1', WORLD_SIZE='2', LOCAL_WORLD_SIZE='2',
+                           MASTER_ADDR='127.0.0.1', MASTER_PORT='29500').items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(Joined):
+        script.main()
+    cuda1 = torch.device('cuda', 1)
+    assert calls == [('bind', cuda1), ('join', 'nccl', cuda1)]  # bound first, then device_id
+
+
+def test_compile_timing_waits_for_the_gpu(monkeypatch):
+    # issue 24, defect 7: without a synchronize, the clock measures kernel launches only
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    script = load_script('ddp_practice.py')
+    log = []
+    monkeypatch.setattr(torch.cuda, 'synchronize', lambda device=None: log.append('sync'))
+    clock = iter(range(100))
+    monkeypatch.setattr(script.time, 'perf_counter', lambda: (log.append('clock'), next(clock))[1])
+    script.timed(lambda net: log.append('step'), None, torch.device('cuda', 0), 2)
+    assert log == ['sync', 'clock', 'step', 'sync', 'clock'] * 2
+    log.clear()
+    script.timed(lambda net: log.append('step'), None, torch.device('cpu'), 1)
+    assert log == ['clock', 'step', 'clock']  # nothing to wait for on the CPU
+
+
+def test_every_dataloader_worker_loads_however_many_there_are():
+    # issue 24, defect 2: a GPU server gives each rank many workers; the loader part must give
+    # each of them batches to load (it used to have 5 batches per rank, whatever the workers)
+    result = launch(SCRIPTS / 'ddp_practice.py', nproc=2, timeout=180, echo=False,
+                    args=['--parts', 'loader', '--workers', '6']).check()
+    for r in (0, 1):
+        (loader,) = [x for x in result.results if x['rank'] == r and x.get('part') == 'loader']
+        assert loader['workers'] == 6
+        for epoch in loader['epochs']:
+            assert len(epoch['pids']) == 6 and loader['pid'] not in epoch['pids']
+        assert loader['epochs'][0]['pids'] == loader['epochs'][1]['pids']  # persistent

@@ -2,14 +2,16 @@
 
 Run:  torchrun --standalone --nproc-per-node=2 scripts/ddp_anatomy.py
 """
+import argparse
+
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
-from d2lpar.distributed import (default_timeout, dist_env, emit_result, exit_now, pick_backend,
-                                rank_device)
+from d2lpar.distributed import (BACKENDS, default_timeout, dist_env, emit_result, exit_now,
+                                pick_backend, rank_device)
 
 
 def sampler_shards(size=11):
@@ -63,12 +65,17 @@ def unused_parameters(device, find_unused_parameters):
 
 
 def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument('--backend', choices=BACKENDS, default=None,
+                        help='default: nccl when every process has a GPU of its own, else gloo')
+    args = parser.parse_args()
     env = dist_env()
-    backend = pick_backend(env.local_world_size)
-    # Bind this process to its device first: NCCL then sets up on the right GPU.
+    backend = pick_backend(env.local_world_size, args.backend)
+    # Bind this process to its device first (device_id too): NCCL then sets up on this GPU.
     device = rank_device(backend, env.local_rank)
     dist.init_process_group(backend, init_method='env://', rank=env.rank,
-                            world_size=env.world_size, timeout=default_timeout())
+                            world_size=env.world_size, timeout=default_timeout(),
+                            device_id=device if device.type == 'cuda' else None)
     X, Y, mean, var = sync_batchnorm_by_hand(env.rank, device)
     net = nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(nn.Linear(4, 4),
                                                                 nn.BatchNorm1d(4)))
