@@ -86,13 +86,19 @@ def save_cells(path):
         raise RuntimeError('save_cells: runs inside a Jupyter or IPython kernel, which keeps the '
                            'cells it ran; in a plain script, import the functions instead')
     path = path.resolve()
+    # The cells run so far, then every cell that runs successfully from now on. Not `In`
+    # alone: a cell run without history (store_history=False, as notebook runners such as
+    # nbval do) never reaches `In`.
+    ran = [str(cell) for cell in shell.user_ns['In']]
 
     def write(result=None):
-        # Skip cells that failed or that saved nothing new: a broken edit keeps the old module.
-        if result is not None and (not result.success or not str(
-                result.info.raw_cell).lstrip().startswith(MARK)):
-            return
-        _write(path, saved_source(shell.user_ns['In'], module=path.stem))
+        if result is not None:
+            if not result.success:  # a broken edit keeps the old module
+                return
+            ran.append(str(result.info.raw_cell))
+            if not ran[-1].lstrip().startswith(MARK):  # nothing new to save
+                return
+        _write(path, saved_source(ran, module=path.stem))
 
     events = shell.events
     for callback in list(events.callbacks['post_run_cell']):

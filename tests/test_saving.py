@@ -75,3 +75,14 @@ def test_bad_input_says_what_to_do(shell, tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match='save_cells: runs inside a Jupyter or IPython kernel'):
         d2lpar.save_cells(tmp_path / 'steps.py')
     assert not list(tmp_path.iterdir())  # nothing written on a refusal
+
+
+def test_cells_run_without_history_are_saved_too(shell, tmp_path):
+    # Notebook runners (nbval) execute cells with store_history=False: `In` never sees them.
+    shell.run_cell(CELLS[0], store_history=False)
+    d2lpar.save_cells(tmp_path / 'steps.py')
+    for cell in CELLS[1:]:
+        shell.run_cell(cell, store_history=False)
+    assert call_in_fresh_process(tmp_path, 'steps.double(3)') == '6'
+    shell.run_cell(CELLS[1].replace('2 * x', '5 * x'), store_history=False)
+    assert call_in_fresh_process(tmp_path, 'steps.double(3)') == '15'

@@ -12,7 +12,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import common
 from d2lpar import save_checkpoint
-from d2lpar.ddp import init_process, load_snapshot, make_loader, train_ddp
+from d2lpar.ddp import load_snapshot  # notebook 6's #@save cell
+try:  # notebook 5's #@save cells, as you last ran them (d2lpar.save_cells wrote them)
+    from ddp_steps import init_process, make_loader, train_ddp
+except ModuleNotFoundError:  # run outside the notebook: the package keeps the same cells
+    from d2lpar.ddp import init_process, make_loader, train_ddp
 from d2lpar.distributed import dist_env, emit_result, exit_now, gloo_threads, pick_backend
 
 
