@@ -230,3 +230,44 @@ def test_every_dataloader_worker_loads_however_many_there_are():
         for epoch in loader['epochs']:
             assert len(epoch['pids']) == 6 and loader['pid'] not in epoch['pids']
         assert loader['epochs'][0]['pids'] == loader['epochs'][1]['pids']  # persistent
+
+
+def test_an_edit_to_a_saved_cell_of_notebook_5_reaches_the_next_launch():
+    # What runs is what the learner sees: in a real kernel, run notebook 5's cells up to the
+    # mp.spawn run (the notebook itself shows its check passing), but first break make_loader
+    # as a learner might (each rank seeds its own permutation) and run the edited cell: the
+    # launch runs the edit, and the notebook's own check of the run fails.
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+    path = ROOT / 'notebooks' / '05_ddp.ipynb'
+    nb = nbformat.read(path, as_version=4)
+    cells = nb.cells
+
+    def find(text):
+        (index,) = [i for i, c in enumerate(cells) if c.cell_type == 'code' and text in c.source]
+        return index
+
+    setup = [find('d2lpar.show_setup()'), find('d2lpar.save_cells(')]
+    saved = [i for i, c in enumerate(cells) if c.source.lstrip().startswith('#@save')]
+    single, spawn = find("launch('scripts/train_single.py'"), find("launch('scripts/ddp_spawn.py'")
+    check = find("assert not shards[0] & shards[1]")
+    loader = find('def make_loader(')
+    cells.append(nbformat.v4.new_code_cell(
+        "edited = 'seed + rank' in (work / 'ddp_steps.py').read_text()\n"
+        "shutil.rmtree(work, ignore_errors=True)\nassert edited"))
+    client = NotebookClient(nb, timeout=600, resources={'metadata': {'path': str(path.parent)}})
+    with client.setup_kernel():
+        try:
+            for i in setup + saved + [single]:
+                client.execute_cell(cells[i], i)
+            edited = cells[loader].source.replace('shuffle=True, seed=seed)',
+                                                  'shuffle=True, seed=seed + rank)')
+            assert edited != cells[loader].source
+            cells[loader].source = edited
+            client.execute_cell(cells[loader], loader)  # the learner reruns the edited cell
+            client.execute_cell(cells[spawn], spawn)  # and the launch cell
+            with pytest.raises(CellExecutionError, match='AssertionError'):
+                client.execute_cell(cells[check], check)  # shards overlap, parameters differ
+        finally:
+            client.execute_cell(cells[-1], len(cells) - 1)  # the module held the edit; clean up
