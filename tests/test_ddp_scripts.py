@@ -26,6 +26,7 @@ def nothing_left_behind():
 
 def test_every_script_opens_with_the_command_that_runs_it():
     for name in STEPS + ['ddp_restart.py', 'debug_dist.py', 'ddp_anatomy.py', 'hello_dist.py',
+                         'ddp_standalone.py', 'ddp_practice.py',
                          'ddp_multinode.sbatch',
                          'collectives_p2p.py', 'collectives_check.py', 'collectives_timing.py',
                          'collectives_miniddp.py']:
@@ -271,3 +272,37 @@ def test_an_edit_to_a_saved_cell_of_notebook_5_reaches_the_next_launch():
                 client.execute_cell(cells[check], check)  # shards overlap, parameters differ
         finally:
             client.execute_cell(cells[-1], len(cells) - 1)  # the module held the edit; clean up
+
+
+def test_the_standalone_script_imports_only_torch_and_trains_and_resumes_under_torchrun(
+        tmp_path):
+    import ast
+    script = SCRIPTS / 'ddp_standalone.py'
+    tree = ast.parse(script.read_text())
+    imported = {alias.name.split('.')[0] for node in ast.walk(tree)
+                if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module.split('.')[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom)}
+    assert imported == {'argparse', 'os', 'torch'}  # the standard library and torch, nothing else
+    assert len(script.read_text().splitlines()) <= 70
+    import os
+
+    def torchrun(epochs):  # plain torchrun, as a learner runs it: no d2lpar anywhere
+        env = dict(os.environ, OMP_NUM_THREADS='1')
+        env.pop('PYTHONPATH', None)
+        return subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone',
+                               '--nproc-per-node=2', str(script), '--epochs', str(epochs),
+                               '--ckpt', 'ckpt.pt'], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=300)
+
+    first = torchrun(2)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert re.findall(r'epoch (\d+): loss', first.stdout) == ['0', '1']
+    state = torch.load(tmp_path / 'ckpt.pt', weights_only=True)
+    assert state['epoch'] == 1 and not any(k.startswith('module.') for k in state['net'])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['ckpt.pt']  # no temporary left
+    again = torchrun(3)  # resumes after epoch 1: only epoch 2 is left
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert re.findall(r'epoch (\d+): loss', again.stdout) == ['2']
+    losses = [float(x) for x in re.findall(r'loss ([\d.]+)', first.stdout + again.stdout)]
+    assert losses[-1] < losses[0]  # it learned
