@@ -9,11 +9,13 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
 
 from d2lpar.distributed import (BACKENDS, default_timeout, dist_env, emit_result, pick_backend,
                                 rank_device)
 
 
+@record  # a rank that raises writes its traceback where torchrun reports the root cause
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument('--local-rank', '--local_rank', type=int, default=None,
