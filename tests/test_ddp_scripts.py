@@ -52,7 +52,7 @@ def test_the_restart_script_is_a_small_diff_of_the_torchrun_one():
     b = (SCRIPTS / 'ddp_restart.py').read_text().splitlines()
     changed = [line for line in difflib.unified_diff(a, b, lineterm='', n=0)
                if line[:1] in '+-' and not line.startswith(('+++', '---'))]
-    assert len(changed) <= 45 and len(b) < 90
+    assert len(changed) <= 50 and len(b) < 90  # its own #@save cell imported, snapshots, prefix
 
 
 SPAWN_FROM_MAIN = textwrap.dedent('''
