@@ -223,7 +223,7 @@ def loader_pins():
     not on Apple's MPS, where the DataLoader turns it off with a warning)."""
     if not torch.accelerator.is_available():
         return False
-    accelerator = torch.accelerator.current_accelerator()
+    accelerator = torch.accelerator.current_accelerator(check_available=True)
     return accelerator is not None and accelerator.type != 'mps'
 
 
