@@ -86,18 +86,19 @@ def save_cells(path):
         raise RuntimeError('save_cells: runs inside a Jupyter or IPython kernel, which keeps the '
                            'cells it ran; in a plain script, import the functions instead')
     path = path.resolve()
-    # The cells run so far, then every cell that runs successfully from now on. Not `In`
-    # alone: a cell run without history (store_history=False, as notebook runners such as
-    # nbval do) never reaches `In`.
-    ran = [str(cell) for cell in shell.user_ns['In']]
+    # The cells run so far, then each cell as it finishes. Not `In` alone: a kernel driven
+    # with store_history=False (nbval, some front ends) never adds to it.
+    ran = list(shell.user_ns['In'])
 
     def write(result=None):
         if result is not None:
             if not result.success:  # a broken edit keeps the old module
                 return
-            ran.append(str(result.info.raw_cell))
-            if not ran[-1].lstrip().startswith(MARK):  # nothing new to save
-                return
+            source = shell.transform_cell(str(result.info.raw_cell))
+            if not ran or ran[-1] != source:  # with history on, In already holds this cell
+                ran.append(source)
+            if not str(result.info.raw_cell).lstrip().startswith(MARK):
+                return  # nothing new to save
         _write(path, saved_source(ran, module=path.stem))
 
     events = shell.events
