@@ -11,6 +11,9 @@ reading a profiler's events, drawing them as a timeline.
 import contextlib
 import os
 import shutil
+import subprocess
+import sys
+import tempfile
 
 import torch
 import torch.distributed as dist
@@ -19,8 +22,9 @@ from torch.utils.data import DataLoader, DistributedSampler
 from ._checks import checked, positive_int, process_group_size
 
 __all__ = ['accumulate_step', 'amp_step', 'train_uneven', 'evaluate_distributed',
-           'loader_workers', 'counting_backend', 'cxx_compiler', 'profile_intervals',
-           'overlap_report', 'plot_comm_timeline']
+           'loader_workers', 'counting_backend', 'cxx_compiler', 'inductor_works',
+           'loader_pins', 'bf16_in_hardware', 'profile_intervals', 'overlap_report',
+           'plot_comm_timeline']
 
 
 def _check_accumulate_step(net, optimizer, micro_batches, loss_fn):
@@ -156,11 +160,11 @@ def _check_loader_workers(nproc_per_node, cores=None):
 
 @checked(_check_loader_workers)
 def loader_workers(nproc_per_node, cores=None):
-    """Return DataLoader workers per rank so that workers x ranks fit the cores."""
+    """Return DataLoader workers per rank so that ranks x (workers + 1) fit the cores."""
     if cores is None:  # a container or taskset may allow fewer cores than os.cpu_count()
         cores = (len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity')
                  else os.cpu_count())
-    return cores // nproc_per_node  # 0: load in the rank's own process
+    return max(0, cores // nproc_per_node - 1)  # one core for the rank itself; 0: it loads
 
 
 def counting_backend(graphs, backend):
@@ -183,13 +187,67 @@ def cxx_compiler():
     return None
 
 
+_INDUCTOR_PROBE = """
+import torch
+f = torch.compile(lambda x: (x.sin() + 1).sum(), backend='inductor')
+assert abs(f(torch.ones(8)).item() - 8 * (1 + torch.ones(1).sin().item())) < 1e-4
+print('inductor works')
+"""
+
+
+def inductor_works(timeout=300):
+    """Return (True, '') if inductor compiles a CPU kernel here, else (False, why).
+
+    inductor needs a C++ compiler, and on macOS also OpenMP's `omp.h` (Apple's clang
+    has none: `brew install libomp`). Rather than guess each requirement, compile one
+    tiny function in a fresh process (with an empty kernel cache) and see.
+    """
+    if cxx_compiler() is None:
+        return False, 'no C++ compiler found (g++, c++ or clang++ on PATH, or $CXX)'
+    with tempfile.TemporaryDirectory(prefix='d2lpar-inductor-') as cache:
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, OMP_NUM_THREADS='1')
+        try:
+            done = subprocess.run([sys.executable, '-c', _INDUCTOR_PROBE], capture_output=True,
+                                  text=True, timeout=timeout, env=env)
+        except subprocess.TimeoutExpired:
+            return False, f'compiling one tiny kernel took over {timeout} s'
+    if done.returncode == 0 and 'inductor works' in done.stdout:
+        return True, ''
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    why = next((line for line in lines if 'error' in line.lower() and '.h' in line), None)
+    return False, (why or (lines[-1] if lines else f'exit status {done.returncode}')).strip()
+
+
+def loader_pins():
+    """Return whether DataLoader(pin_memory=True) really pins here (not without an accelerator,
+    not on Apple's MPS, where the DataLoader turns it off with a warning)."""
+    if not torch.accelerator.is_available():
+        return False
+    accelerator = torch.accelerator.current_accelerator(check_available=True)
+    return accelerator is not None and accelerator.type != 'mps'
+
+
+def bf16_in_hardware():
+    """Return whether this CUDA GPU computes bfloat16 in hardware (Ampere and later).
+
+    `torch.cuda.is_bf16_supported()` alone also says True on older GPUs such as a T4,
+    which only emulate bfloat16, slowly.
+    """
+    return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
+
+
 def profile_intervals(prof, names=('backward', 'autograd::engine::evaluate_function',
                                    'c10d::allreduce_', 'gloo:all_reduce', 'nccl:all_reduce',
                                    'step')):
-    """Return [(name, start_us, end_us, thread)] of the events whose names start with `names`."""
+    """Return [(name, start_us, end_us, thread)] of the CPU events whose names start with `names`.
+
+    With ProfilerActivity.CUDA every record_function range comes back twice: on the CPU
+    and as a GPU-side `gpu_user_annotation` event of the same name. Only the CPU one counts.
+    """
+    from torch.autograd import DeviceType
     found = []
     for event in prof.events():
-        if event.name.startswith(tuple(names)):
+        if event.device_type == DeviceType.CPU and event.name.startswith(tuple(names)):
             found.append((event.name, event.time_range.start, event.time_range.end,
                           int(event.thread)))
     return sorted(found, key=lambda e: e[1])

@@ -10,6 +10,7 @@ result, and a process started by neither is rank 0 of a world of size 1.
 import contextlib
 import datetime
 import json
+import logging
 import os
 import re
 import sys
@@ -283,10 +284,13 @@ def exit_now(code=0):
     rank. Once the script's results are written, leaving without that teardown
     is safe. What C code printed (NCCL_DEBUG=INFO) is flushed too: into a file or
     a pipe, C stdio is fully buffered unless Python runs with -u, and os._exit
-    would drop it.
+    would drop it. os._exit also skips everything else Python does at exit:
+    atexit handlers do not run and logging handlers are not flushed or closed, so
+    close your loggers (logging.shutdown()) and finish your own clean-up first.
     """
     sys.stdout.flush()
     sys.stderr.flush()
+    logging.shutdown()  # flush and close the logging handlers, which os._exit would not
     try:
         import ctypes
         ctypes.CDLL(None).fflush(None)

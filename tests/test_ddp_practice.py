@@ -158,11 +158,15 @@ def test_amp_step_stays_close_to_float32():
 
 
 def test_loader_workers_fit_the_cores():
-    assert ddp_practice.loader_workers(2, cores=2) == 1
-    assert ddp_practice.loader_workers(4, cores=2) == 0
-    assert ddp_practice.loader_workers(3, cores=8) == 2
+    # W ranks with w workers each are W x (w + 1) processes: they must fit the cores
+    for nproc, cores in [(2, 2), (4, 2), (3, 8), (1, 1), (8, 128), (2, 16)]:
+        w = ddp_practice.loader_workers(nproc, cores=cores)
+        assert nproc * (w + 1) <= max(cores, nproc) and w >= 0
+        assert w == 0 or nproc * (w + 2) > cores  # and no fewer than fit
+    assert ddp_practice.loader_workers(2, cores=2) == 0
+    assert ddp_practice.loader_workers(3, cores=8) == 1
     usable = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
-    assert ddp_practice.loader_workers(1) == usable
+    assert ddp_practice.loader_workers(1) == usable - 1
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match='loader_workers: nproc_per_node'):
             ddp_practice.loader_workers(bad)
@@ -269,3 +273,92 @@ def test_the_script_opens_with_its_command_and_ends_with_exit_now():
     run = [line for line in text.splitlines()[:4] if line.startswith('Run:  ')]
     assert run and 'torchrun' in run[0] and 'scripts/ddp_practice.py' in run[0]
     assert '\n    exit_now()' in text  # DDP's gloo threads would abort a normal teardown
+
+
+class FakeProfile:
+    """Stands for a profile taken with ProfilerActivity.CUDA: real FunctionEvents."""
+
+    def __init__(self, events):
+        self._events = events
+
+    def events(self):
+        return self._events
+
+
+def test_profile_intervals_drops_the_gpu_copies_of_each_range():
+    # issue 24, defect 1: with ProfilerActivity.CUDA each record_function range comes back
+    # twice, once as a gpu_user_annotation (device_type CUDA) of the same name.
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+    events = []
+    for i, (name, start, end) in enumerate([('step 0', 0, 100), ('backward', 10, 90),
+                                             ('nccl:all_reduce', 30, 60)]):
+        events.append(FunctionEvent(2 * i, name, thread=1, start_us=start, end_us=end))
+        events.append(FunctionEvent(2 * i + 1, name, thread=7, start_us=start + 1,
+                                    end_us=end + 1, device_type=DeviceType.CUDA))
+    intervals = ddp_practice.profile_intervals(FakeProfile(events))
+    assert [e[0] for e in intervals] == ['step 0', 'backward', 'nccl:all_reduce']
+    assert [e[3] for e in intervals] == [1, 1, 1]  # the CPU ones
+
+
+def test_loader_pins_only_where_the_dataloader_really_pins(monkeypatch):
+    # issue 24, defect 3: on Apple's MPS the DataLoader turns pin_memory off with a warning
+    import warnings
+    from torch.utils.data import DataLoader, TensorDataset
+    assert ddp_practice.loader_pins() == torch.accelerator.is_available()  # no MPS here
+    monkeypatch.setattr(torch.accelerator, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.accelerator, 'current_accelerator',
+                        lambda *a, **k: torch.device('mps'))
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter('always')
+        (X,) = next(iter(DataLoader(TensorDataset(torch.arange(4.0)), batch_size=2,
+                                    pin_memory=True)))
+    assert not X.is_pinned() and ddp_practice.loader_pins() is False  # torch's own answer too
+    monkeypatch.setattr(torch.accelerator, 'current_accelerator',
+                        lambda *a, **k: torch.device('cuda'))
+    assert ddp_practice.loader_pins() is True
+
+
+def test_bf16_in_hardware_says_no_for_a_t4(monkeypatch):
+    # issue 24, defect 8: is_bf16_supported() is True on a T4 (compute capability 7.5) because
+    # it can emulate bfloat16; only including_emulation=False asks for the hardware.
+    from types import SimpleNamespace
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'current_device', lambda: 0)
+    monkeypatch.setattr(torch.cuda, '_check_bf16_tensor_supported', lambda device: True)
+    monkeypatch.setattr(torch.version, 'hip', None)
+    for major, native in ((7, False), (8, True), (9, True)):
+        monkeypatch.setattr(torch.cuda, 'get_device_properties',
+                            lambda device, major=major: SimpleNamespace(major=major, minor=5))
+        assert torch.cuda.is_bf16_supported()  # what the course used to trust
+        assert ddp_practice.bf16_in_hardware() is native
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    assert ddp_practice.bf16_in_hardware() is False
+
+
+def test_inductor_works_reports_a_missing_compiler_or_header(monkeypatch, tmp_path):
+    # issue 24, defect 4: inductor also needs omp.h on macOS; the guard must see any failure.
+    monkeypatch.setattr(ddp_practice, 'cxx_compiler', lambda: None)
+    ok, why = ddp_practice.inductor_works()
+    assert not ok and 'C++ compiler' in why
+    monkeypatch.undo()
+    # What the probe process prints when Apple's clang lacks libomp (run for real, this
+    # takes half a minute: inductor compiles a kernel in a fresh process)
+    import subprocess
+    said = ("torch._inductor.exc.InductorError: CppCompileError: C++ compile error\n"
+            "/tmp/x/cpp_prefix.h:5:10: fatal error: 'omp.h' file not found\n"
+            "Set TORCHDYNAMO_VERBOSE=1 for the internal stack trace\n")
+    seen = {}
+
+    def fake_run(argv, **kwargs):
+        seen.update(kwargs['env'])
+        return subprocess.CompletedProcess(argv, 1, '', said)
+
+    monkeypatch.setattr(ddp_practice, 'cxx_compiler', lambda: '/usr/bin/clang++')
+    monkeypatch.setattr(ddp_practice.subprocess, 'run', fake_run)
+    ok, why = ddp_practice.inductor_works()
+    assert not ok and why == "/tmp/x/cpp_prefix.h:5:10: fatal error: 'omp.h' file not found"
+    assert seen['TORCHINDUCTOR_CACHE_DIR']  # a fresh cache: a cached kernel would hide it
+    monkeypatch.setattr(ddp_practice.subprocess, 'run', lambda argv, **kw: (
+        subprocess.CompletedProcess(argv, 0, 'inductor works\n', '')))
+    assert ddp_practice.inductor_works() == (True, '')

@@ -5,7 +5,13 @@ Run:  torchrun --standalone --nproc-per-node=2 scripts/ddp_practice.py --parts a
 Each part trains or evaluates the same small MLP on the same synthetic data as every
 rank's reference (computed in one process on the whole batch) and hands back what it
 measured with emit_result: one result per part, {'part': name, ...}. The last part,
-compile, runs torch.compile on the DDP model (`--backend inductor` needs a C++ compiler).
+compile, runs torch.compile on the DDP model (`--compile-backend inductor` needs a C++
+compiler, and OpenMP on macOS). `--backend nccl` runs every part on one GPU per rank.
+
+The algorithms (accumulate_step, amp_step, ...) are notebook 7's #@save cells: launched
+from the notebook, `practice_steps` is the module d2lpar.save_cells wrote from them (its
+folder on PYTHONPATH), so an edit to a cell takes effect here; run by hand, the package
+holds the same code.
 """
 import argparse
 import datetime
@@ -23,11 +29,16 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from d2lpar.ddp_practice import (accumulate_step, amp_step, counting_backend,
-                                 evaluate_distributed, loader_workers, overlap_report,
-                                 profile_intervals, train_uneven)
-from d2lpar.distributed import (count_calls, default_timeout, dist_env, emit_result, exit_now,
-                                pick_backend, rank_device)
+from d2lpar.ddp_practice import overlap_report, profile_intervals
+from d2lpar.distributed import (BACKENDS, count_calls, default_timeout, dist_env, emit_result,
+                                exit_now, pick_backend, rank_device)
+
+try:  # notebook 7's cells, as the notebook last ran them
+    from practice_steps import (accumulate_step, amp_step, counting_backend,
+                                evaluate_distributed, loader_workers, train_uneven)
+except ModuleNotFoundError:  # run by hand: the package's copy of the same cells
+    from d2lpar.ddp_practice import (accumulate_step, amp_step, counting_backend,
+                                     evaluate_distributed, loader_workers, train_uneven)
 
 PARTS = ('accumulate', 'amp', 'join', 'evaluate', 'profile', 'loader', 'compile')
 
@@ -287,9 +298,13 @@ class WhoLoads(Dataset):
         return i, os.getpid()
 
 
-def part_loader(rank, world, env, device, n=40, batch_size=4):
+def part_loader(rank, world, env, device, workers=None, batch_size=4):
     """DataLoader workers per rank with a DistributedSampler, over two epochs."""
-    workers = loader_workers(env.local_world_size)
+    if workers is None:
+        workers = loader_workers(env.local_world_size)
+    # The DataLoader hands batch i to worker i % workers: with at least 2 batches per worker
+    # every worker loads some, however many cores (and so workers) the machine has.
+    n = world * batch_size * max(10, 2 * workers)
     sampler = DistributedSampler(WhoLoads(n), shuffle=True, seed=0)
     loader = DataLoader(WhoLoads(n), batch_size, sampler=sampler, num_workers=workers,
                         persistent_workers=workers > 0, pin_memory=device.type == 'cuda')
@@ -304,10 +319,24 @@ def part_loader(rank, world, env, device, n=40, batch_size=4):
         epochs.append({'indices': indices, 'pids': sorted(pids)})
     net = ddp(make_net(), device)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
-    emit_result(part='loader', workers=workers, cores=cores, pid=os.getpid(), epochs=epochs,
+    emit_result(part='loader', workers=workers, cores=cores, pid=os.getpid(), epochs=epochs, n=n,
                 pinned=pinned, plain_has_device=hasattr(make_net(), 'device'),
                 param_device=str(next(net.parameters()).device),
                 module_is_mlp=isinstance(net.module, MLP) and not isinstance(net, MLP))
+
+
+def timed(step, net, device, steps):
+    """Return the median seconds of `steps` calls of step(net), the GPU's work included."""
+    runs = []
+    for _ in range(steps):
+        if device.type == 'cuda':
+            torch.cuda.synchronize(device)  # start the clock on an idle GPU...
+        start = time.perf_counter()
+        step(net)
+        if device.type == 'cuda':
+            torch.cuda.synchronize(device)  # ...and stop it when its kernels are done, not
+        runs.append(time.perf_counter() - start)  # when Python has merely queued them
+    return statistics.median(runs)
 
 
 def part_compile(rank, world, device, backend, steps=5):
@@ -338,19 +367,13 @@ def part_compile(rank, world, device, backend, steps=5):
         loss_fn(out, y).backward()
         return out
 
-    start = time.perf_counter()
-    out_compiled = step(compiled)  # the first call compiles
-    compile_seconds = time.perf_counter() - start
+    outputs = []
+    compile_seconds = timed(lambda net: outputs.append(step(net)), compiled, device, 1)
+    out_compiled = outputs[0]  # the first call compiled
     out_eager = step(eager)
     grad_diff = max_diff(flat_grad(compiled.module), flat_grad(eager.module))
-    times = {}
-    for name, net in (('eager', eager), ('compiled', compiled)):
-        runs = []
-        for _ in range(steps):
-            start = time.perf_counter()
-            step(net)
-            runs.append(time.perf_counter() - start)
-        times[name] = statistics.median(runs)
+    times = {name: timed(step, net, device, steps)
+             for name, net in (('eager', eager), ('compiled', compiled))}
     emit_result(part='compile', backend=backend, graphs_with_optimizer=counts[True],
                 graphs_without=counts[False], graphs=len(graphs), layers=len(widths) - 1,
                 out_diff=max_diff(out_compiled.detach().cpu(), out_eager.detach().cpu()),
@@ -362,7 +385,13 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument('--parts', default='all', help=f'comma-separated, from {PARTS}, or all')
     parser.add_argument('--trace-dir', default=None, help='where the profile part writes traces')
-    parser.add_argument('--backend', default='aot_eager', help='torch.compile backend')
+    parser.add_argument('--backend', choices=BACKENDS, default=None,
+                        help='process group backend: nccl (one GPU per rank) or gloo (CPU); '
+                             'default: nccl when every rank has a GPU of its own')
+    parser.add_argument('--compile-backend', default='aot_eager',
+                        help='torch.compile backend: inductor, aot_eager, eager')
+    parser.add_argument('--workers', type=int, default=None,
+                        help='DataLoader workers per rank (loader part); default: loader_workers')
     args = parser.parse_args()
     parts = PARTS if args.parts == 'all' else tuple(args.parts.split(','))
     unknown = [p for p in parts if p not in PARTS]
@@ -371,10 +400,11 @@ def main():
     if 'profile' in parts and not args.trace_dir:
         parser.error('the profile part needs --trace-dir (a folder for the Chrome traces)')
     env = dist_env()
-    backend = pick_backend(env.local_world_size)
+    backend = pick_backend(env.local_world_size, args.backend)  # --backend, checked
     device = rank_device(backend, env.local_rank)  # bind the device before the group
     dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
-                            timeout=default_timeout())
+                            timeout=default_timeout(),
+                            device_id=device if device.type == 'cuda' else None)
     rank, world = env.rank, env.world_size
     started = time.monotonic()
     trained = None
@@ -391,9 +421,9 @@ def main():
         elif part == 'profile':
             part_profile(rank, world, device, args.trace_dir)
         elif part == 'loader':
-            part_loader(rank, world, env, device)
+            part_loader(rank, world, env, device, args.workers)
         elif part == 'compile':
-            part_compile(rank, world, device, args.backend)
+            part_compile(rank, world, device, args.compile_backend)
         if rank == 0:
             print(f'{part}: {time.monotonic() - t:.1f} s', flush=True)
     emit_result(part='done', backend=backend, seconds=time.monotonic() - started)

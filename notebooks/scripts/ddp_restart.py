@@ -12,7 +12,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import common
 from d2lpar import save_checkpoint
-from d2lpar.ddp import init_process, load_snapshot, make_loader, train_ddp
+try:  # notebook 6's #@save cell, as you last ran it (d2lpar.save_cells wrote it)
+    from restart_steps import load_snapshot
+except ModuleNotFoundError:  # run outside the notebook: the package keeps the same cell
+    from d2lpar.ddp import load_snapshot
+try:  # notebook 5's #@save cells, as you last ran them (d2lpar.save_cells wrote them)
+    from ddp_steps import init_process, make_loader, train_ddp
+except ModuleNotFoundError:  # run outside the notebook: the package keeps the same cells
+    from d2lpar.ddp import init_process, make_loader, train_ddp
 from d2lpar.distributed import dist_env, emit_result, exit_now, gloo_threads, pick_backend
 
 
@@ -23,8 +30,9 @@ def main():
     rank, world_size = env.rank, env.world_size
     attempt = int(os.environ.get('TORCHELASTIC_RESTART_COUNT', 0))  # 0, then 1 after a restart
     backend = pick_backend(env.local_world_size, args.backend)  # --backend, checked; or auto
-    # torchrun keeps one store for all attempts: this attempt's keys get a prefix of their
-    # own, or a restarted rank could read an address a dead rank published before.
+    # The store torchrun's agent shares with its ranks outlives an attempt: this attempt's keys
+    # get a prefix of their own, or a restarted rank may read an address a dead rank published
+    # (pytorch/pytorch#135712: a restart read the previous attempt's NCCL id the same way).
     store = dist.TCPStore(env.master_addr, env.master_port, is_master=False)
     seen_before = store.check([f'joined/{attempt - 1}/{rank}']) if attempt else False
     store.set(f'joined/{attempt}/{rank}', 'yes')

@@ -10,7 +10,10 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import common
-from d2lpar.ddp import init_process, make_loader, train_ddp
+try:  # notebook 5's #@save cells, as you last ran them (d2lpar.save_cells wrote them)
+    from ddp_steps import init_process, make_loader, train_ddp
+except ModuleNotFoundError:  # run outside the notebook: the package keeps the same cells
+    from d2lpar.ddp import init_process, make_loader, train_ddp
 from d2lpar.distributed import emit_result, exit_now, pick_backend
 
 

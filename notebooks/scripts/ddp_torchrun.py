@@ -8,7 +8,10 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import common
-from d2lpar.ddp import init_process, make_loader, train_ddp
+try:  # notebook 5's #@save cells, as you last ran them (d2lpar.save_cells wrote them)
+    from ddp_steps import init_process, make_loader, train_ddp
+except ModuleNotFoundError:  # run outside the notebook: the package keeps the same cells
+    from d2lpar.ddp import init_process, make_loader, train_ddp
 from d2lpar.distributed import dist_env, emit_result, exit_now, pick_backend
 
 
