@@ -86,13 +86,21 @@ def save_cells(path):
         raise RuntimeError('save_cells: runs inside a Jupyter or IPython kernel, which keeps the '
                            'cells it ran; in a plain script, import the functions instead')
     path = path.resolve()
+    # The cells that ran before, from the kernel's history; from now on each cell that runs
+    # without error is recorded as it finishes. A notebook executed with store_history=False
+    # (as nbval and other runners do) leaves `In` empty, and the record alone is complete.
+    # A cell both in the history and recorded appears twice, which changes nothing.
+    cells = [cell for cell in shell.user_ns['In'] if cell]
 
     def write(result=None):
-        # Skip cells that failed or that saved nothing new: a broken edit keeps the old module.
-        if result is not None and (not result.success or not str(
-                result.info.raw_cell).lstrip().startswith(MARK)):
-            return
-        _write(path, saved_source(shell.user_ns['In'], module=path.stem))
+        if result is not None:
+            if not result.success:  # a broken edit keeps the old module
+                return
+            raw = str(result.info.raw_cell)
+            cells.append(shell.transform_cell(raw))  # magics become Python, as in `In`
+            if not raw.lstrip().startswith(MARK):  # nothing new to save
+                return
+        _write(path, saved_source(cells, module=path.stem))
 
     events = shell.events
     for callback in list(events.callbacks['post_run_cell']):
