@@ -238,8 +238,8 @@ def allreduce_cost(algorithm, n, size, bandwidth, latency=0.0):
     """Return the model's seconds for an allreduce of `size` bytes on `n` ranks."""
     if n == 1:
         return 0.0
-    if algorithm == 'naive':  # rank 0 receives n-1 tensors, then sends n-1, one after another
-        return 2 * latency + 2 * (n - 1) * size / bandwidth
+    if algorithm == 'naive':  # rank 0 receives n-1 tensors, then sends n-1, one at a time
+        return 2 * (n - 1) * latency + 2 * (n - 1) * size / bandwidth
     return 2 * (n - 1) * latency + 2 * (n - 1) / n * size / bandwidth  # 2(n-1) steps of size/n
 
 

@@ -7,6 +7,11 @@
 3. `MiniDDP`: each bucket's all_reduce is asynchronous and overlaps the rest of
    backward; `finish_sync()` waits for them before the optimizer step.
 
+`MLP` is the notebook's test model: its output layer is registered first and
+used last, so the reverse of registration order, which `BucketDDP` assumes, is
+not the order backward produces the gradients in (DDP measures that order in
+its first iteration and rebuilds its buckets from it).
+
 Every wrapper starts the replicas from rank 0's parameters and buffers, as DDP
 does, and needs `finish_sync()` after each backward. Each class is a `#@save`
 cell of notebook 9 (tests/test_saved_cells.py compares them); the `_check_...`
@@ -18,7 +23,7 @@ from torch import nn
 
 from ._checks import checked, process_group_size
 
-__all__ = ['HookDDP', 'make_buckets', 'BucketDDP', 'MiniDDP']
+__all__ = ['HookDDP', 'MLP', 'make_buckets', 'BucketDDP', 'MiniDDP']
 
 
 # Checks: run by @checked before each method, so that its code stays the algorithm.
@@ -100,6 +105,19 @@ class HookDDP(nn.Module):
 
     def finish_sync(self):
         """Nothing to wait for: every gradient was averaged in its hook."""
+
+
+class MLP(nn.Module):
+    """A 784-512-512-10 MLP whose output layer is registered first but used last."""
+
+    def __init__(self):
+        super().__init__()
+        self.output = nn.Linear(512, 10)
+        self.hidden = nn.Sequential(nn.Flatten(), nn.Linear(784, 512), nn.ReLU(),
+                                    nn.Linear(512, 512), nn.ReLU())
+
+    def forward(self, X):
+        return self.output(self.hidden(X))
 
 
 @checked(_check_make_buckets)

@@ -80,7 +80,7 @@ def _check_split_batch(X, y, devices):
 
 @checked(_check_split_batch)
 def split_batch(X, y, devices):
-    """Split `X` and `y` into multiple devices."""
+    """Cut examples `X` and labels `y` at the same rows: one (X, y) part per device."""
     return scatter(X, devices), scatter(y, devices)
 
 

@@ -144,5 +144,6 @@ def train(num_gpus, batch_size, lr, num_epochs=10, max_batches=None, params=None
         test_acc = evaluate_accuracy_gpu(lambda X: lenet(X, device_params[0]),
                                          test_iter, devices[0])
         animator.add(epoch + 1, (test_acc,))
-    print(f'test acc: {test_acc:.2f}, {timer.avg():.2f} sec/epoch on {[str(d) for d in devices]}')
+    print(f'{num_epochs} epochs on {[str(d) for d in devices]}: {test_acc:.1%} of the test '
+          f'images right; training took {timer.avg():.2f} s per epoch')
     return TrainResult(test_acc, timer.avg(), devices, device_params)

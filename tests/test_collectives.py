@@ -108,6 +108,15 @@ def _check_layouts_and_traffic(rank, n):
     assert sent(naive) == ((n - 1) * S if rank == 0 else S) == received(naive)
     assert sent(ring) == 2 * (n - 1) * S // n == received(ring)
     assert ring['isend']['calls'] == ring['recv']['calls'] == 2 * (n - 1)
+    # The cost model charges what the code pays: rank 0 of the naive allreduce receives, then
+    # sends, one message at a time (2(n-1) latencies, 2(n-1)S bytes over its link); a ring step
+    # sends and receives at once (2(n-1) latencies, 2(n-1)S/n bytes).
+    messages = lambda c: sum(c[f]['calls'] for f in ('send', 'isend', 'recv', 'irecv'))  # noqa: E731
+    if rank == 0:
+        assert C.allreduce_cost('naive', n, 0, 1.0, latency=1.0) == messages(naive)
+        assert C.allreduce_cost('naive', n, S, 1.0) == sent(naive) + received(naive)
+    assert C.allreduce_cost('ring', n, 0, 1.0, latency=1.0) == messages(ring) / 2
+    assert C.allreduce_cost('ring', n, S, 1.0) == pytest.approx(sent(ring))
     assert naive['all_reduce']['calls'] == ring['all_reduce']['calls'] == 0
     # Empty tensors and zero-length chunks move nothing and still agree.
     empty = torch.empty(0)
@@ -158,8 +167,9 @@ def test_needs_a_process_group():
 
 def test_cost_model_by_hand():
     MB = 2**20
-    # 4 ranks, 8 MB, 1 GB/s, 1 ms: naive 2*1ms + 6*8MB/1GB/s; ring 6*1ms + 1.5*8MB/1GB/s.
-    assert C.allreduce_cost('naive', 4, 8 * MB, 2**30, 1e-3) == pytest.approx(2e-3 + 6 * 8 / 1024)
+    # 4 ranks, 8 MB, 1 GB/s, 1 ms: naive 6*1ms + 6*8MB/1GB/s (rank 0 receives 3 messages, then
+    # sends 3, one at a time); ring 6*1ms + 1.5*8MB/1GB/s.
+    assert C.allreduce_cost('naive', 4, 8 * MB, 2**30, 1e-3) == pytest.approx(6e-3 + 6 * 8 / 1024)
     assert C.allreduce_cost('ring', 4, 8 * MB, 2**30, 1e-3) == pytest.approx(6e-3 + 1.5 * 8 / 1024)
     assert C.allreduce_cost('ring', 1, MB, 1.0) == 0.0
     # nccl-tests: busbw = algbw * 2(n-1)/n.

@@ -61,6 +61,19 @@ def test_an_edit_to_a_saved_cell_takes_effect_in_the_next_import(shell, tmp_path
     assert len(writers) == 1
 
 
+def test_a_kernel_that_keeps_no_history_saves_the_cells_it_runs(shell, tmp_path):
+    # Notebook runners such as nbval execute every cell with store_history=False: `In` stays
+    # empty, so the cells must be recorded as they run, magics included.
+    shell.run_cell('%xmode Plain\nimport torch\nimport d2lpar\n'
+                   f'd2lpar.save_cells({str(tmp_path / "steps.py")!r})', store_history=False)
+    for cell in CELLS[1:]:
+        shell.run_cell(cell, store_history=False)
+    assert call_in_fresh_process(tmp_path, 'steps.double(3)') == '6'
+    assert 'import torch' in (tmp_path / 'steps.py').read_text()
+    shell.run_cell(CELLS[1].replace('2 * x', '5 * x'), store_history=False)
+    assert call_in_fresh_process(tmp_path, 'steps.double(3)') == '15'
+
+
 def test_the_module_does_not_import_itself(tmp_path):
     text = saving.saved_source(['import steps\nimport os', '#@save\nX = 1'], module='steps')
     assert 'import steps' not in text and 'import os' in text

@@ -98,7 +98,10 @@ def main():
     env = dist_env()
     backend = pick_backend(env.local_world_size)  # the only GPU-dependent choices:
     device = rank_device(backend, env.local_rank)  # nccl and cuda:<local rank>, or gloo and cpu
-    dist.init_process_group(backend, timeout=default_timeout())
+    # Bound to its GPU from the start (notebook 5): NCCL then knows each rank's device, and
+    # barrier() need not guess it.
+    dist.init_process_group(backend, timeout=default_timeout(),
+                            device_id=device if device.type == 'cuda' else None)
     rank, n = dist.get_rank(), dist.get_world_size()
     if args.batch_size % n:
         raise SystemExit(f'--batch-size {args.batch_size} must be a multiple of {n} processes')
