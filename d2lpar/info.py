@@ -77,6 +77,6 @@ def show_setup(data=False):
         print(f'no usable GPU: {problem}')
     if torch_problem():
         print(f'WARNING: {torch_problem()}')
-    print(f'workload: {"small (D2LPAR_SMALL=1, as under the test suite)" if small_workload() else "full"}')
+    print(f'workload: {"small (D2LPAR_SMALL=1)" if small_workload() else "full"}')
     if data:
         print(f'Fashion-MNIST: {fashion_mnist_source()}')

@@ -550,9 +550,15 @@ def _launch_once(script, nproc, nnodes, args, timeout, env, echo, launcher, port
                           'TORCH_ELASTIC_SHUTDOWN_TIMEOUT': str(max(1, int(grace / 2))),
                           # Everything on loopback: the store (see _loopback_store), and the
                           # sockets gloo and NCCL open between ranks.
-                          'TORCHELASTIC_USE_AGENT_STORE': 'True', 'MASTER_ADDR': '127.0.0.1',
-                          'MASTER_PORT': str(port), 'GLOO_SOCKET_IFNAME': loopback_interface(),
+                          'MASTER_ADDR': '127.0.0.1', 'MASTER_PORT': str(port),
+                          'GLOO_SOCKET_IFNAME': loopback_interface(),
                           'NCCL_SOCKET_IFNAME': loopback_interface()})
+        if launcher != 'python':
+            # Only torchrun's agents and ranks look for the launcher's store. A plain script
+            # (mp.spawn with its own tcp:// address) must host its own: torch 2.13 applies
+            # the flag to any address, so a rank there would wait for a store nobody hosts
+            # (2.14 added the address check, rendezvous.py `_agent_store_serves`).
+            child_env['TORCHELASTIC_USE_AGENT_STORE'] = 'True'
         for key, value in env.items():
             if value is None:
                 child_env.pop(key, None)

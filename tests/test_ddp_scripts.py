@@ -14,7 +14,6 @@ from d2lpar.launch import launch, launched_processes
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / 'notebooks' / 'scripts'
 STEPS = ['train_single.py', 'ddp_spawn.py', 'ddp_torchrun.py', 'ddp_multinode.py']
-FAKE_SRUN = ROOT / 'tests' / 'scripts' / 'fake_srun.py'
 SMALL = ['--epochs', '3', '--num-samples', '256', '--batch-size', '32']
 
 
@@ -122,19 +121,6 @@ def test_mp_spawn_with_a_file_init_method_matches_one_process(single, tmp_path):
     shards = [set(run[r]['shard']) for r in (0, 1)]
     assert not shards[0] & shards[1] and len(shards[0] | shards[1]) == 256
     torch.testing.assert_close(flat(run[1]['final']), flat(single['final']),
-                               rtol=1e-5, atol=1e-6)
-
-
-def test_multinode_script_under_a_fake_srun_maps_slurm_variables(single):
-    result = launch(FAKE_SRUN, nproc=1, launcher='python', timeout=180, echo=False,
-                    args=['--ntasks', '2', '--nodelist', 'localhost,node[2-3]',
-                          str(SCRIPTS / 'ddp_multinode.py'), *SMALL]).check()
-    run = result.by_rank()
-    assert sorted(run) == [0, 1]
-    assert {r['source'] for r in run.values()} == {'slurm'}
-    assert {r['master_addr'] for r in run.values()} == {'localhost'}
-    assert [run[r]['local_rank'] for r in (0, 1)] == [0, 1]
-    torch.testing.assert_close(flat(run[0]['final']), flat(single['final']),
                                rtol=1e-5, atol=1e-6)
 
 
