@@ -269,7 +269,7 @@ def test_the_standalone_script_imports_only_torch_and_trains_and_resumes_under_t
                 if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module.split('.')[0] for node in ast.walk(tree)
                  if isinstance(node, ast.ImportFrom)}
-    assert imported == {'argparse', 'os', 'torch'}  # the standard library and torch, nothing else
+    assert imported == {'argparse', 'os', 'sys', 'torch'}  # the standard library and torch, nothing else
     assert len(script.read_text().splitlines()) <= 70
     import os
 

@@ -5,6 +5,7 @@ Run:  torchrun --standalone --nproc-per-node=2 ddp_standalone.py --epochs 3 --ck
 """
 import argparse
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -65,3 +66,5 @@ def main():
 
 if __name__ == '__main__':  # spawn and forkserver children import this file: do not train then
     main()
+    # gloo (torch 2.14+) may abort a finished rank at shutdown: flush, exit now (no atexit).
+    sys.stdout.flush(), sys.stderr.flush(), os._exit(0)
