@@ -273,20 +273,24 @@ def test_the_standalone_script_imports_only_torch_and_trains_and_resumes_under_t
     assert len(script.read_text().splitlines()) <= 70
     import os
 
+    run_dir, scratch = tmp_path / 'run', tmp_path / 'tmp'
+    run_dir.mkdir(), scratch.mkdir()
+
     def torchrun(epochs):  # plain torchrun, as a learner runs it: no d2lpar anywhere
-        env = dict(os.environ, OMP_NUM_THREADS='1')
+        # TMPDIR: torchrun's own log folders (torchelastic_*) go where pytest cleans up
+        env = dict(os.environ, OMP_NUM_THREADS='1', TMPDIR=str(scratch))
         env.pop('PYTHONPATH', None)
         return subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone',
                                '--nproc-per-node=2', str(script), '--epochs', str(epochs),
-                               '--ckpt', 'ckpt.pt'], cwd=tmp_path, env=env, capture_output=True,
+                               '--ckpt', 'ckpt.pt'], cwd=run_dir, env=env, capture_output=True,
                               text=True, timeout=300)
 
     first = torchrun(2)
     assert first.returncode == 0, first.stderr[-2000:]
     assert re.findall(r'epoch (\d+): loss', first.stdout) == ['0', '1']
-    state = torch.load(tmp_path / 'ckpt.pt', weights_only=True)
+    state = torch.load(run_dir / 'ckpt.pt', weights_only=True)
     assert state['epoch'] == 1 and not any(k.startswith('module.') for k in state['net'])
-    assert sorted(p.name for p in tmp_path.iterdir()) == ['ckpt.pt']  # no temporary left
+    assert sorted(p.name for p in run_dir.iterdir()) == ['ckpt.pt']  # no temporary left
     again = torchrun(3)  # resumes after epoch 1: only epoch 2 is left
     assert again.returncode == 0, again.stderr[-2000:]
     assert re.findall(r'epoch (\d+): loss', again.stdout) == ['2']
