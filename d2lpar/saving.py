@@ -99,6 +99,11 @@ def save_cells(path):
                 ran.append(source)
             if not str(result.info.raw_cell).lstrip().startswith(MARK):
                 return  # nothing new to save
+            if not path.parent.is_dir():  # the notebook removed its scratch folder at the end
+                events.unregister('post_run_cell', write)
+                print(f'save_cells: {path.parent} is gone, so {path.name} is no longer kept '
+                      'up to date; call d2lpar.save_cells again to start over')
+                return
         _write(path, saved_source(ran, module=path.stem))
 
     events = shell.events

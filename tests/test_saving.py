@@ -1,4 +1,5 @@
 """save_cells: a notebook's #@save cells become a module that a fresh process imports."""
+import shutil
 import subprocess
 import sys
 
@@ -110,3 +111,18 @@ def test_a_kernel_without_history_keeps_every_cell_and_refuses_a_broken_edit(she
     shell.run_cell('#@save\ndef double(x):\n    return 4 * x\nraise ValueError("typo")',
                    store_history=False)
     assert call_in_fresh_process(tmp_path, 'steps.double(3)') == '6'
+
+
+def test_a_removed_folder_stops_the_saving_with_a_message_not_a_traceback(shell, tmp_path,
+                                                                          capsys):
+    folder = tmp_path / 'work'
+    folder.mkdir()
+    run(shell, *CELLS)
+    d2lpar.save_cells(folder / 'steps.py')
+    shutil.rmtree(folder)  # what a notebook's last cell does
+    result = shell.run_cell(CELLS[1], store_history=True)  # the learner reruns a saved cell
+    out = capsys.readouterr()
+    assert result.success and 'Traceback' not in out.out + out.err
+    assert 'save_cells: ' in out.out and 'is gone' in out.out
+    assert not folder.exists()
+    assert not [c for c in shell.events.callbacks['post_run_cell'] if hasattr(c, 'd2lpar_saves_to')]
