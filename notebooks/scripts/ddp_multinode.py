@@ -7,6 +7,7 @@ Run:  torchrun --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint
 """
 import os
 import socket
+import time
 
 import torch
 import torch.distributed as dist
@@ -58,13 +59,15 @@ def main():
                 common.save_checkpoint(args.ckpt, net.module, optimizer, epoch)
             dist.barrier()  # no rank goes on before the checkpoint is complete
 
+    start = time.perf_counter()  # each epoch ends with loss.item(), which waits for the GPU
     losses = train_ddp(net, sampler, train_iter, optimizer, device, args.epochs, first_epoch,
                        end_of_epoch)
+    step_seconds = (time.perf_counter() - start) / (args.epochs - first_epoch) / len(train_iter)
     final = common.flat_params(net.module)
     replicas = [torch.empty_like(final) for _ in range(world_size)]
     dist.all_gather(replicas, final)
     emit_result(rank=rank, world_size=world_size, init=init, synced=synced, final=final,
-                losses=losses, shard=list(sampler), backend=backend,
+                losses=losses, step_seconds=step_seconds, shard=list(sampler), backend=backend,
                 replica_gap=max((r - final).abs().max().item() for r in replicas),
                 local_rank=env.local_rank, source=env.source, host=socket.gethostname(),
                 master_addr=env.master_addr)

@@ -5,6 +5,7 @@ Run:  torchrun --standalone --nproc-per-node=2 --max-restarts=3 scripts/ddp_rest
 """
 import os
 import signal
+import time
 
 import torch
 import torch.distributed as dist
@@ -67,13 +68,15 @@ def main():
                            'epoch': epoch}, args.snapshot)
         dist.barrier()  # no rank goes on before the snapshot is complete
 
+    start = time.perf_counter()  # each epoch ends with loss.item(), which waits for the GPU
     losses = train_ddp(net, sampler, train_iter, optimizer, device, args.epochs, first_epoch,
                        end_of_epoch)
+    step_seconds = (time.perf_counter() - start) / (args.epochs - first_epoch) / len(train_iter)
     final = common.flat_params(net.module)
     replicas = [torch.empty_like(final) for _ in range(world_size)]
     dist.all_gather(replicas, final)
     emit_result(rank=rank, world_size=world_size, init=init, synced=synced, final=final,
-                losses=losses, shard=list(sampler), backend=backend,
+                losses=losses, step_seconds=step_seconds, shard=list(sampler), backend=backend,
                 replica_gap=max((r - final).abs().max().item() for r in replicas),
                 attempt=attempt, first_epoch=first_epoch,
                 store_kept_last_attempt=seen_before)

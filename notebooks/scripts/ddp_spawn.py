@@ -3,6 +3,7 @@
 Run:  python scripts/ddp_spawn.py --nproc 2 --epochs 4 --batch-size 32
 """
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -48,13 +49,16 @@ def worker(rank, world_size, args):
                 common.save_checkpoint(args.ckpt, net.module, optimizer, epoch)
             dist.barrier()  # no rank goes on before the checkpoint is complete
 
+    start = time.perf_counter()  # each epoch ends with loss.item(), which waits for the GPU
     losses = train_ddp(net, sampler, train_iter, optimizer, device, args.epochs, first_epoch,
                        end_of_epoch)
+    step_seconds = (time.perf_counter() - start) / (args.epochs - first_epoch) / len(train_iter)
     final = common.flat_params(net.module)
     replicas = [torch.empty_like(final) for _ in range(world_size)]
     dist.all_gather(replicas, final)
     emit_result(rank=rank, world_size=world_size, init=init, synced=synced, final=final,
-                losses=losses, shard=list(sampler), backend=backend,
+                losses=losses, step_seconds=step_seconds, shard=list(sampler), backend=backend,
+                peak_bytes=torch.cuda.max_memory_allocated(device) if on_gpu else None,
                 replica_gap=max((r - final).abs().max().item() for r in replicas))
     dist.destroy_process_group()
     exit_now()  # DDP keeps gloo's threads alive, and Python's own teardown can abort on them

@@ -2,6 +2,8 @@
 
 Run:  python scripts/train_single.py --epochs 4 --batch-size 32
 """
+import time
+
 import torch
 
 import common
@@ -34,11 +36,13 @@ def main():
         if args.ckpt:
             common.save_checkpoint(args.ckpt, net, optimizer, epoch)
 
+    start = time.perf_counter()  # each epoch ends with loss.item(), which waits for the GPU
     losses = train_ddp(net, sampler, train_iter, optimizer, device, args.epochs, first_epoch,
                        end_of_epoch)
+    step_seconds = (time.perf_counter() - start) / (args.epochs - first_epoch) / len(train_iter)
     final = common.flat_params(net)
     emit_result(rank=rank, world_size=world_size, init=init, synced=init, final=final,
-                losses=losses, shard=list(sampler))
+                losses=losses, step_seconds=step_seconds, shard=list(sampler))
 
 
 if __name__ == '__main__':
