@@ -2,9 +2,9 @@
 
 A script started with `d2lpar.launch` runs in fresh processes, which cannot see
 functions defined in the notebook's kernel. `save_cells(path)` writes every
-`#@save` cell the kernel has run into `path`, preceded by the imports of every
-cell the kernel has run, and keeps the file up to date: from then on, each time
-a `#@save` cell runs, the file is written again. A learner who edits a saved
+`#@save` cell the kernel has run into `path`, preceded by the imports (from any
+cell the kernel has run) that those cells use, and keeps the file up to date:
+from then on, each time a `#@save` cell runs, the file is written again. A learner who edits a saved
 cell and runs it sees the edit in the next launch.
 
     d2lpar.save_cells(work / 'ddp_steps.py')  # scripts in `work` then `import ddp_steps`
@@ -35,11 +35,20 @@ def _is_import(node):
         isinstance(node, ast.ImportFrom) and node.module == '__future__')
 
 
-def saved_source(cells, module=None):
-    """Return a module's text: the imports of all `cells`, then those marked `#@save`.
+def _bound(alias, node):
+    """Return the name an import alias binds: `x` for `import x.y` and for `... as x`."""
+    if alias.asname:
+        return alias.asname
+    return alias.name if isinstance(node, ast.ImportFrom) else alias.name.split('.')[0]
 
-    `cells` are source strings in the order they ran. Imports of `module` itself are
-    left out (a script imports the module, not the other way round).
+
+def saved_source(cells, module=None):
+    """Return a module's text: the imports its `#@save` cells use, then those cells.
+
+    `cells` are source strings in the order they ran. An import is kept when a saved
+    cell uses a name it binds (so every rank importing the module skips, say,
+    matplotlib); imports of `module` itself are left out (a script imports the module,
+    not the other way round).
     """
     imports, saved = [], []
     for source in cells:
@@ -47,17 +56,24 @@ def saved_source(cells, module=None):
             tree = ast.parse(source)
         except SyntaxError:  # a cell that failed to parse never defined anything
             continue
-        for node in tree.body:
-            if _is_import(node):
-                line = ast.unparse(node)
-                names = [node.module] if isinstance(node, ast.ImportFrom) else [
-                    alias.name for alias in node.names]
-                if module not in names and line not in imports:
-                    imports.append(line)
+        imports += [node for node in tree.body if _is_import(node)]
         if source.lstrip().startswith(MARK):
             saved.append(source.strip())
+    used = {node.id for source in saved for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Name)}
+    lines = []
+    for node in imports:
+        names = [node.module] if isinstance(node, ast.ImportFrom) else [
+            alias.name for alias in node.names]
+        if module in names:
+            continue
+        node.names = [alias for alias in node.names
+                      if alias.name == '*' or _bound(alias, node) in used]
+        line = ast.unparse(node)
+        if node.names and line not in lines:
+            lines.append(line)
     header = f'"""The #@save cells of a notebook, written by d2lpar.save_cells."""'
-    return '\n\n\n'.join([header + '\n' + '\n'.join(imports), *saved]) + '\n'
+    return '\n\n\n'.join([header + '\n' + '\n'.join(lines), *saved]) + '\n'
 
 
 def _write(path, text):

@@ -10,9 +10,9 @@ import d2lpar
 from d2lpar import saving
 
 CELLS = [
-    'import torch\nfrom torch import nn',
-    '#@save\ndef double(x):\n    """Return twice x."""\n    return 2 * x',
-    'y = double(torch.ones(2))',  # not saved
+    'import json\nimport torch\nfrom torch import nn',
+    '#@save\ndef double(x):\n    """Return twice x."""\n    return int(torch.tensor(2 * x))',
+    'y = double(3)',  # not saved
 ]
 
 
@@ -45,6 +45,8 @@ def test_saved_cells_with_their_imports_run_in_a_fresh_process(shell, tmp_path):
     path = d2lpar.save_cells(tmp_path / 'steps.py')
     text = path.read_text()
     assert 'import torch' in text and 'def double' in text and 'y = double' not in text
+    # only the imports the saved cells use: every rank that imports the module pays for them
+    assert 'json' not in text and 'nn' not in text.split('def double')[0]
     assert call_in_fresh_process(tmp_path, 'steps.double(3)') == '6'
 
 
@@ -80,7 +82,7 @@ def test_a_kernel_that_keeps_no_history_saves_the_cells_it_runs(shell, tmp_path)
 
 
 def test_the_module_does_not_import_itself(tmp_path):
-    text = saving.saved_source(['import steps\nimport os', '#@save\nX = 1'], module='steps')
+    text = saving.saved_source(['import steps\nimport os', '#@save\nX = os.sep'], module='steps')
     assert 'import steps' not in text and 'import os' in text
 
 
