@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from d2lpar import num_gpus
 from d2lpar.launch import launch, launched_processes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,7 +26,7 @@ def nothing_left_behind():
 
 def test_every_script_opens_with_the_command_that_runs_it():
     for name in STEPS + ['ddp_restart.py', 'debug_dist.py', 'ddp_anatomy.py', 'hello_dist.py',
-                         'ddp_standalone.py', 'ddp_practice.py',
+                         'ddp_standalone.py', 'ddp_practice.py', 'nccl_flight_recorder.py',
                          'ddp_multinode.sbatch',
                          'collectives_p2p.py', 'collectives_timing.py',
                          'collectives_miniddp.py']:
@@ -296,3 +297,11 @@ def test_the_standalone_script_imports_only_torch_and_trains_and_resumes_under_t
     assert re.findall(r'epoch (\d+): loss', again.stdout) == ['2']
     losses = [float(x) for x in re.findall(r'loss ([\d.]+)', first.stdout + again.stdout)]
     assert losses[-1] < losses[0]  # it learned
+
+
+@pytest.mark.skipif(num_gpus() >= 2, reason='with 2 GPUs it runs (make gpucheck)')
+def test_the_flight_recorder_script_says_it_needs_two_gpus(tmp_path):
+    out = subprocess.run([sys.executable, SCRIPTS / 'nccl_flight_recorder.py', '--dump-dir',
+                          tmp_path / 'fr'], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and 'nccl_flight_recorder.py: needs 2 GPUs' in out.stderr
+    assert not (tmp_path / 'fr').exists()  # nothing made before the refusal
