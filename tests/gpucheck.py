@@ -66,7 +66,7 @@ def _torchrun(nproc, script, *args):
 def _script_row(name, notebook, script, nproc, scratch, *args):
     """A row that runs `script` as `notebook` writes it, on `nproc` GPUs with NCCL."""
     folder = scratch / script.removesuffix('.py')
-    return Row(f'nccl {notebook} {script}: {name}, {nproc} processes', nproc,
+    return Row(f'nccl {notebook} {script}: {name}', nproc,
                argv=_python(__file__, 'script', NOTEBOOKS / f'{notebook}.ipynb', script,
                             '--nproc', nproc, '--backend', 'nccl', '--device', 'cuda',
                             '--scratch', folder, '--', *args))
@@ -101,17 +101,17 @@ def rows(scratch):
         Row('nccl context_parallel against full attention', 2,
             argv=_torchrun(2, 'context_parallel_torch.py')),
         # The scripts notebooks 10-13 write, with the notebook's own arguments at full size.
-        _script_row('ZeRO-1/2/3 by hand', '10_zero', 'train_zero.py', 2, scratch,
+        _script_row('ZeRO by hand', '10_zero', 'train_zero.py', 2, scratch,
                     '--width', '256', '--layers', '6'),
-        _script_row('FSDP2 and a checkpoint', '11_fsdp2', 'train_fsdp2.py', 2, scratch,
+        _script_row('FSDP2, checkpoint', '11_fsdp2', 'train_fsdp2.py', 2, scratch,
                     '{work}/checkpoint'),
-        _script_row('Megatron, overlap, sequence parallelism by hand', '12_tensor_parallel',
+        _script_row('Megatron, sequence parallel', '12_tensor_parallel',
                     'tp_block.py', 2, scratch, '--steps', '20'),
-        _script_row('DTensor tensor and sequence parallelism, loss_parallel',
-                    '12_tensor_parallel', 'tp_dtensor.py', 2, scratch),
-        _script_row('five pipeline schedules', '13_pipeline_parallel', 'pp_schedules.py', 2,
+        _script_row('DTensor plans, loss_parallel', '12_tensor_parallel',
+                    'tp_dtensor.py', 2, scratch),
+        _script_row('five schedules', '13_pipeline_parallel', 'pp_schedules.py', 2,
                     scratch, '--microbatches', '8', '--ms', '20', '--batch', '32'),
-        _script_row('pipeline x FSDP2 x tensor parallelism', '13_pipeline_parallel',
+        _script_row('pp x FSDP2 x tp', '13_pipeline_parallel',
                     'parallel_3d.py', 8, scratch, '--steps', '10'),
         Row('pytest: the tests that need two GPUs', 2,
             argv=_python('-m', 'pytest', '-q', '-p', 'no:xdist', '-rs',
@@ -268,6 +268,9 @@ def run_script(argv):
         else (argv, [])
     args = parser.parse_args(ours)
     args.args = script_args
+    # gpucheck ends a row with SIGTERM: leave through `finally` (the kernel shut down, the
+    # scratch folder removed); torchrun, in the same process group, gets it too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     if not args.notebook.is_file():
         parser.error(f'no notebook {args.notebook}')
     own = args.scratch is None
@@ -286,7 +289,17 @@ def run_script(argv):
                          '--backend', args.backend, '--device', args.device,
                          *(a.replace('{work}', str(work)) for a in args.args))
         print('$', ' '.join(launch), flush=True)
-        code = subprocess.run(launch, cwd=work, env=env).returncode
+        proc = subprocess.Popen(launch, cwd=work, env=env)
+        try:
+            code = proc.wait()
+        finally:
+            if proc.poll() is None:  # interrupted: torchrun ends its workers on SIGTERM only
+                proc.terminate()
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
         if code != 0:
             print(f'{args.script} exited with status {code}')
             return 1
