@@ -27,7 +27,6 @@ handed back with the facts the notebook asserts after its own launch.
 """
 import argparse
 import json
-import math
 import os
 import shutil
 import signal
@@ -134,7 +133,7 @@ def _expect(ok, what):
         raise CheckFailed(what)
 
 
-def _check_tp_block(results):
+def _check_tp_block(results, args):
     """Notebook 12's facts after tp_block.py: equal to one process, four all-reduces."""
     for rank, r in results.items():
         for name in ('megatron', 'sp'):
@@ -147,7 +146,7 @@ def _check_tp_block(results):
         _expect(r['overlap_equal'], f'rank {rank}: overlapped backward changed the gradients')
 
 
-def _check_tp_dtensor(results):
+def _check_tp_dtensor(results, args):
     """Notebook 12's facts after tp_dtensor.py: DTensor plans = Megatron by hand = one process."""
     for rank, r in results.items():
         lp = r['loss_parallel']
@@ -160,20 +159,36 @@ def _check_tp_dtensor(results):
                 f"rank {rank}: sequence-parallel collectives {r['sp']['collectives']}")
 
 
-def _check_pp_schedules(results):
-    """Notebook 13's facts after pp_schedules.py: every schedule = GPipe, in-flight peaks."""
+def _one_process_pp(batch):
+    """Notebook 13's reference: its network and batch trained unsplit; (loss, flat gradients)."""
+    import torch
+    from torch import nn
+    torch.manual_seed(0)  # the script's make_net(): Linear-ReLU pairs, then a Linear
+    layers = [nn.Linear(64, 32), nn.ReLU()]
+    for _ in range(3):
+        layers += [nn.Linear(32, 32), nn.ReLU()]
+    net = nn.Sequential(*layers, nn.Linear(32, 10))
+    g = torch.Generator().manual_seed(1)
+    X, y = torch.randn(batch, 64, generator=g), torch.randint(0, 10, (batch,), generator=g)
+    loss = nn.functional.cross_entropy(net(X), y)
+    loss.backward()
+    return loss.item(), [x for q in net.parameters() for x in q.grad.flatten().tolist()]
+
+
+def _check_pp_schedules(results, args):
+    """Notebook 13's facts after pp_schedules.py: every schedule = one process, in-flight peaks."""
     p = len(results)
-    gpipe = {i: g for r in results.values() for i, g in r['GPipe']['grads'].items()}
+    batch = int(args[args.index('--batch') + 1]) if '--batch' in args else 32
+    want_loss, want = _one_process_pp(batch)
     m = sum(1 for e in results[0]['GPipe']['events'] if e[2] == 'F' and e[0] == 0)
     for name in [k for k, v in results[0].items() if isinstance(v, dict)]:  # the schedules
-        grads = {i: g for r in results.values() for i, g in r[name]['grads'].items()}
-        flat = lambda by_stage: [x for i in sorted(by_stage, key=int) for t in by_stage[i]
-                                 for x in _flatten(t)]
-        a, b = flat(grads), flat(gpipe)
-        _expect(len(a) == len(b) and max(abs(x - y) for x, y in zip(a, b)) < 1e-5,
-                f'{name}: gradients differ from GPipe\'s')
+        by_stage = {i: g for r in results.values() for i, g in r[name]['grads'].items()}
+        got = [x for i in sorted(by_stage, key=int) for t in by_stage[i] for x in _flatten(t)]
+        _expect(len(got) == len(want) and max(abs(x - y) for x, y in zip(got, want)) < 1e-5,
+                f'{name}: gradients differ from one process\'s')
         losses = [r[name]['loss'] for r in results.values() if r[name]['loss'] is not None]
-        _expect(len(losses) == 1 and math.isfinite(losses[0]), f'{name}: last-stage losses {losses}')
+        _expect(len(losses) == 1 and abs(losses[0] - want_loss) < 1e-5,
+                f'{name}: last-stage losses {losses}, one process {want_loss:.5f}')
         _expect(all(r[name]['alive_after'] == 0 for r in results.values()),
                 f'{name}: activations still held after the step')
     peaks = {name: [results[r][name]['peak_in_flight'] for r in range(p)] for name in ('GPipe', '1F1B')}
@@ -181,7 +196,7 @@ def _check_pp_schedules(results):
     _expect(peaks['1F1B'] == [p - r for r in range(p)], f'1F1B holds {peaks["1F1B"]}')
 
 
-def _check_parallel_3d(results):
+def _check_parallel_3d(results, args):
     """Notebook 13's facts after parallel_3d.py: 3D = one process within rounding."""
     r = results[0]
     sizes = r['sizes']
@@ -312,7 +327,7 @@ def run_script(argv):
                     f'results from ranks {sorted(results)}, expected 0-{args.nproc - 1}')
             check = CHECKS.get(args.script)
             if check:
-                check(results)
+                check(results, args.args)
         except CheckFailed as e:
             print(f'{args.script}: check failed: {e}')
             return 1

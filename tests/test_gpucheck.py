@@ -61,6 +61,10 @@ def test_a_row_selection_that_matches_nothing_says_so():
         gpucheck.main(['--rows', 'no such row'])
 
 
+def _scaled(value, factor):
+    return [_scaled(v, factor) for v in value] if isinstance(value, list) else factor * value
+
+
 def test_a_notebook_script_row_writes_the_script_as_the_notebook_does_and_checks_its_ranks(tmp_path):
     """The pipeline-schedules row itself, run on CPU with gloo instead of NCCL on GPUs.
 
@@ -88,23 +92,33 @@ def test_a_notebook_script_row_writes_the_script_as_the_notebook_does_and_checks
     for f in (tmp_path / 'row' / 'results').glob('*.json'):
         record = json.loads(f.read_text())
         results[record['rank']] = record
-    gpucheck._check_pp_schedules(results)  # what the row checked passes...
-    # ...and each classic bug fails it: a schedule that keeps every micro-batch in flight,
-    # gradients not divided by the micro-batches, a schedule that leaves activations held.
+    args = argv[argv.index('--') + 1:]
+    gpucheck._check_pp_schedules(results, args)  # what the row checked passes...
+    # ...and each classic bug fails it: a schedule that keeps every micro-batch in flight, one
+    # schedule's wrong gradient, every schedule's gradients summed over the micro-batches
+    # instead of averaged, activations left held after the step.
     broken = copy.deepcopy(results)
     broken[1]['1F1B']['peak_in_flight'] = broken[1]['GPipe']['peak_in_flight']
     with pytest.raises(gpucheck.CheckFailed, match='1F1B holds'):
-        gpucheck._check_pp_schedules(broken)
+        gpucheck._check_pp_schedules(broken, args)
     broken = copy.deepcopy(results)
     stage = next(iter(broken[0]['ZBVZeroBubble']['grads']))
     broken[0]['ZBVZeroBubble']['grads'][stage][0] = [
         [4 * x for x in row] for row in broken[0]['ZBVZeroBubble']['grads'][stage][0]]
     with pytest.raises(gpucheck.CheckFailed, match="ZBVZeroBubble: gradients differ"):
-        gpucheck._check_pp_schedules(broken)
+        gpucheck._check_pp_schedules(broken, args)
+    broken = copy.deepcopy(results)  # every schedule alike: summed over the micro-batches
+    m = int(args[args.index('--microbatches') + 1])
+    for r in broken.values():
+        for name, schedule in r.items():
+            if isinstance(schedule, dict):
+                schedule['grads'] = {i: _scaled(ts, m) for i, ts in schedule['grads'].items()}
+    with pytest.raises(gpucheck.CheckFailed, match="GPipe: gradients differ from one process"):
+        gpucheck._check_pp_schedules(broken, args)
     broken = copy.deepcopy(results)
     broken[0]['GPipe']['alive_after'] = 1
     with pytest.raises(gpucheck.CheckFailed, match='activations still held'):
-        gpucheck._check_pp_schedules(broken)
+        gpucheck._check_pp_schedules(broken, args)
     assert launched_processes() == []
 
 
@@ -112,7 +126,7 @@ def test_the_other_script_checks_catch_their_classic_bugs():
     good_tp = {'out': 1e-7, 'x_grad': 1e-7, 'grads': 1e-7}
     tp_block = {0: {'megatron': dict(good_tp, calls={'all_reduce': [4, 1024]}),
                     'sp': dict(good_tp, partial=0.5), 'overlap_equal': True}}
-    gpucheck._check_tp_block(tp_block)
+    gpucheck._check_tp_block(tp_block, [])
     for edit, message in [(lambda r: r['megatron'].update(grads=0.3), 'megatron differs'),
                           (lambda r: r['sp'].update(partial=0.0), 'before the sum'),
                           (lambda r: r['megatron'].update(calls={'all_reduce': [3, 768]}),
@@ -121,16 +135,16 @@ def test_the_other_script_checks_catch_their_classic_bugs():
         broken = copy.deepcopy(tp_block)
         edit(broken[0])
         with pytest.raises(gpucheck.CheckFailed, match=message):
-            gpucheck._check_tp_block(broken)
+            gpucheck._check_tp_block(broken, [])
     coords = [(a, b, c) for a in range(2) for b in range(2) for c in range(2)]
     rows = [[0, 8], [16, 24], [8, 16], [24, 32]] + [[0, 8]] * 4
     three_d = {rank: dict(pp=a, dp=b, tp=c, max_diff=1e-8, moved=0.05, steps=2, mlp0_rows=rows[rank],
                           sizes=dict(B=8, T=4, H=32, LR=0.1))
                for rank, (a, b, c) in enumerate(coords)}
-    gpucheck._check_parallel_3d(three_d)  # tolerance 0.1 * 2 * 8 * 4 * 32 * 2**-23 = 6.1e-6
+    gpucheck._check_parallel_3d(three_d, [])  # tolerance 0.1 * 2 * 8 * 4 * 32 * 2**-23 = 6.1e-6
     three_d[5]['max_diff'] = 1e-3  # a gradient not averaged over the data-parallel halves
     with pytest.raises(gpucheck.CheckFailed, match='rank 5: off by'):
-        gpucheck._check_parallel_3d(three_d)
+        gpucheck._check_parallel_3d(three_d, [])
 
 
 def test_a_script_the_notebook_does_not_write_is_named_before_any_kernel_starts(tmp_path):
