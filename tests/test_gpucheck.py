@@ -1,6 +1,7 @@
 """make gpucheck's runner: rows chosen by name, GPU rows skipped here, failures and timeouts."""
 import copy
 import json
+import os
 import subprocess
 import sys
 import time
@@ -154,3 +155,39 @@ def test_a_script_the_notebook_does_not_write_is_named_before_any_kernel_starts(
                           text=True, timeout=60)
     assert done.returncode != 0
     assert "no cell starting with '%%writefile {work}/no_such.py'" in done.stderr
+
+
+def test_a_script_row_ended_midway_leaves_no_rank_behind(tmp_path):
+    """gpucheck ends a row with SIGTERM to its process group; torchrun must get to end its ranks.
+
+    (Seen failing: with subprocess.run, the runner's exit SIGKILLed torchrun, and the rank,
+    in a session of its own, kept running.)
+    """
+    import nbformat
+    marks = tmp_path / 'marks'
+    marks.mkdir()
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("import tempfile\nfrom pathlib import Path\n"
+                                  "work = Path(tempfile.mkdtemp(prefix='d2lpar-99-'))"),
+        nbformat.v4.new_code_cell('%%writefile {work}/sleeper.py\nimport os, pathlib, time\n'
+                                  "(pathlib.Path(os.environ['MARKS']) / f'rank-{os.getpid()}')"
+                                  '.touch()\ntime.sleep(300)\n')])
+    notebook = tmp_path / '99_sleeper.ipynb'
+    nbformat.write(nb, notebook)
+    proc = subprocess.Popen([sys.executable, gpucheck.__file__, 'script', str(notebook),
+                             'sleeper.py', '--nproc', '1', '--backend', 'gloo', '--device', 'cpu',
+                             '--scratch', str(tmp_path / 's')], start_new_session=True,
+                            env=dict(os.environ, MARKS=str(marks)),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not list(marks.glob('rank-*')) and time.monotonic() < deadline:
+        assert proc.poll() is None, 'the row ended before its rank started'
+        time.sleep(0.2)
+    pids = [int(p.name.split('-')[1]) for p in marks.iterdir()]
+    assert len(pids) == 1
+    gpucheck._end(proc)  # what a row's timeout or Ctrl-C does
+    deadline = time.monotonic() + 15
+    while any(Path(f'/proc/{pid}').exists() for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in pids if Path(f'/proc/{pid}').exists()
+                and 'Z' not in Path(f'/proc/{pid}/stat').read_text().split()[2]]
