@@ -7,7 +7,7 @@
 Each row is one check: a notebook executed at full size in its folder (as a learner runs
 it, D2LPAR_SMALL=0), or a GPU-only run that no notebook makes on every machine (NCCL, float16
 with GradScaler, compression hooks, inductor, FSDP2, tensor and pipeline parallelism,
-restarts). A row that needs more GPUs than CUDA can use here is marked
+restarts, the flight recorder). A row that needs more GPUs than CUDA can use here is marked
 `SKIPPED (needs N GPUs)`, so on a laptop the command runs what it can, and one GPU runs every
 row that does not need two. The end is one table (row, result, seconds) under the machine's
 GPU facts; each row's output goes to build/gpucheck/ROW.log. Exit status 1 when a row failed.
@@ -99,6 +99,8 @@ def rows(scratch):
                            '--time-steps', '10')),
         Row('nccl context_parallel against full attention', 2,
             argv=_torchrun(2, 'context_parallel_torch.py')),
+        Row('nccl flight recorder: a skipped collective, dumped and read by fr_trace', 2,
+            argv=_python(SCRIPTS / 'nccl_flight_recorder.py', '--dump-dir', scratch / 'fr')),
         # The scripts notebooks 10-13 write, with the notebook's own arguments at full size.
         _script_row('ZeRO by hand', '10_zero', 'train_zero.py', 2, scratch,
                     '--width', '256', '--layers', '6'),

@@ -21,12 +21,14 @@ def test_on_a_machine_without_gpus_the_gpu_rows_are_skipped_and_the_table_printe
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert any(line.startswith('torch ') and 'CUDA' in line for line in lines)  # GPU facts
+    chosen = [row for row in gpucheck.rows(tmp_path) if 'nccl' in row.name or 'mask' in row.name]
     skipped = [line for line in lines if 'SKIPPED (needs 2 GPUs)' in line]
-    assert len(skipped) == 15 and any('nccl restart' in line for line in skipped)
+    assert len(skipped) == sum(row.needs == 2 for row in chosen) > 10
+    assert any('nccl restart' in line for line in skipped)
     assert any('tp_block.py' in line for line in skipped)
     assert [line for line in lines if 'SKIPPED (needs 8 GPUs)' in line][0].startswith(
         'nccl 13_pipeline_parallel parallel_3d.py')
-    assert lines[-1] == '0 passed, 0 failed, 16 skipped'
+    assert lines[-1] == f'0 passed, 0 failed, {len(chosen)} skipped'
 
 
 def test_rows_that_pass_fail_or_hang_give_the_right_table_and_exit_status(tmp_path, monkeypatch,
