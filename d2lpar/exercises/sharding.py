@@ -203,7 +203,7 @@ def _check_peak(results, widths, n, X, y, case):
     ref_results, _, _ = _run(_reference_hook, widths, n, X, y, steps=1)
     peak = max(r['peak'] for r in results)
     ref_peak = max(r['peak'] for r in ref_results)
-    bucket_bytes = max((a + 1) * b * 4 + (-(a + 1) * b % n + -b % n) * 4
+    bucket_bytes = max(((a + 1) * b + -a * b % n + -b % n) * 4
                        for a, b in zip(widths, widths[1:]))  # padded weight and bias
     if peak > ref_peak + bucket_bytes:
         raise _Fail(f'{case}: the gradients are right, but a rank holds up to {peak} bytes '
