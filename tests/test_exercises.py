@@ -33,7 +33,7 @@ CHECKS = {
     exercises.check_ring_allreduce: ('08_lenet_data_parallel', 'ring_allreduce'),
     exercises.check_split_batch: ('08_lenet_data_parallel', 'split_batch'),
     exercises.check_broadcast_schedule: ('09_collectives', 'broadcast_schedule'),
-    exercises.check_zero2_grad_shard: ('10_zero', 'zero2_grad_shard'),
+    exercises.check_zero2_hook: ('10_zero', 'zero2_hook'),
     exercises.check_shard_rows: ('11_fsdp2', 'shard_rows'),
     exercises.check_slurm_ranks: ('06_ddp_launching', 'slurm_ranks'),
     exercises.check_accumulation: ('07_ddp_practice', 'accumulate_uneven'),
@@ -466,40 +466,67 @@ def test_the_tree_broadcast_is_the_fastest_possible():
         assert len(rounds) == (math.ceil(math.log2(n)) if n > 1 else 0)
 
 
-@pytest.mark.parametrize('wrong, hint', [
-    (lambda grads, rank: torch.stack(grads).mean(0).flatten().tensor_split(len(grads))[rank],
-     "flatten, pad with zeros"),  # an uneven split, no padding
-    (lambda grads, rank: torch.stack(grads).mean(0), 'the whole gradient'),  # updates it all
-    (lambda grads, rank: torch.nn.functional.pad(
-        torch.stack(grads).sum(0).flatten(),
-        (0, -grads[0].numel() % len(grads))).chunk(len(grads))[rank], 'divide by N'),
-])
-def test_zero2_wrong_answers_get_their_hint(wrong, hint):
-    verdict = exercises.check_zero2_grad_shard(wrong, seed=0)
-    assert not verdict.passed and hint in verdict.message, verdict
-
-
-def _mean_shard(grads, rank):
-    total = torch.stack([g.flatten() for g in grads]).sum(0)
-    return torch.nn.functional.pad(total, (0, -total.numel() % len(grads))).chunk(len(grads))[rank]
-
-
-@pytest.mark.parametrize('wrong, hint', [
-    (lambda grads, rank: _mean_shard(grads, rank) / len(grads) ** 2, 'divided twice'),
-    (lambda grads, rank: _mean_shard(grads, (rank + 1) % len(grads)) / len(grads), 'the shard of rank'),
-])
-def test_zero2_doubled_division_and_wrong_shard_get_their_hint(wrong, hint):
-    verdict = exercises.check_zero2_grad_shard(wrong, seed=0)
-    assert not verdict.passed and hint in verdict.message, verdict
-
-
-def test_zero2_reference_agrees_with_a_real_reduce_scatter_shard():
+def zero2_variant(divide=1, row=0, free=True, per_parameter=False, forget=True):
+    """ZeRO-2's hook with one classic mistake: the sum (divide=0), a doubled division
+    (divide=2), another rank's row (row=1), full gradients kept, a reduce-scatter per
+    parameter, or a count of ready gradients never cleared."""
     from d2lpar.zero import pad_to_shards
-    grads = [torch.randn(5, 3) for _ in range(4)]
-    fn = solution('10_zero', 'zero2_grad_shard')
-    for rank in range(4):
-        want = sum(pad_to_shards(g, 4)[rank] for g in grads) / 4
-        torch.testing.assert_close(fn(grads, rank), want)
+
+    def zero2_hook(bucket, shards, n, rank, reduce_scatter):
+        ready = set()
+
+        def reduce(params):
+            sizes = [shards[q].numel() for q in params]
+            rows = torch.empty(n, sum(sizes))
+            for q, columns in zip(params, rows.split(sizes, dim=1)):
+                columns.copy_(pad_to_shards(q.grad, n))
+                if free:
+                    q.grad = None
+            reduce_scatter(list(rows))
+            for q, grad in zip(params, (rows[(rank + row) % n] / n ** divide).split(sizes)):
+                shards[q].grad = grad
+
+        def hook(p):
+            if per_parameter:
+                return reduce([p])
+            ready.add(p)
+            if len(ready) == len(bucket):
+                if forget:
+                    ready.clear()
+                reduce(bucket)
+        return hook
+    return zero2_hook
+
+
+@pytest.mark.parametrize('seed', range(3))
+@pytest.mark.parametrize('wrong, hint', [
+    (zero2_variant(divide=0), 'N = 2 times too large'),
+    (zero2_variant(divide=2), 'divided twice'),
+    (zero2_variant(row=1), "another rank's shard"),
+    (zero2_variant(free=False), 'the peak is not lowered'),
+    (zero2_variant(per_parameter=True), 'one per bucket'),
+    (zero2_variant(forget=False), 'failed in the second'),
+], ids=['no-division', 'doubled-division', 'wrong-row', 'not-freed', 'per-parameter',
+        'count-not-cleared'])
+def test_zero2_hook_wrong_answers_get_their_hint(wrong, hint, seed):
+    verdict = exercises.check_zero2_hook(wrong, seed=seed)
+    assert not verdict.passed and verdict.attempted and hint in verdict.message, verdict
+
+
+def test_zero2_hook_variant_without_mistakes_passes():
+    # the wrong answers above differ from a right one by their mistake only
+    assert exercises.check_zero2_hook(zero2_variant(), seed=0).passed
+
+
+def test_zero2_hook_ranks_that_never_meet_fail_without_hanging(monkeypatch):
+    from d2lpar.exercises import sharding
+    monkeypatch.setattr(sharding, '_TIMEOUT', 0.5)
+    solution_hook = solution('10_zero', 'zero2_hook')
+
+    def rank0_skips(bucket, shards, n, rank, reduce_scatter):
+        return solution_hook(bucket, shards, n, rank, reduce_scatter if rank else lambda rows: rows)
+    verdict = exercises.check_zero2_hook(rank0_skips, seed=0)
+    assert not verdict.passed and 'did not meet' in verdict.message, verdict
 
 
 @pytest.mark.parametrize('wrong, hint', [

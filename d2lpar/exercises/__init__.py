@@ -17,7 +17,7 @@ from .ddp_launching import check_slurm_ranks
 from .lenet import check_ring_allreduce, check_split_batch
 from .collectives import check_broadcast_schedule
 from .ddp_practice import check_accumulation
-from .sharding import check_zero2_grad_shard
+from .sharding import check_zero2_hook
 from .fsdp import check_shard_rows
 from .tensor_parallel import check_row_parallel_linear
 from .pipeline_parallel import check_interleaved_stages
@@ -25,7 +25,7 @@ from .context_expert import check_online_softmax_merge
 
 __all__ = ['Verdict', 'check_pick_device', 'check_visible_count', 'check_load_checkpoint',
            'check_unbalanced_bubble', 'check_sampler', 'check_ring_allreduce',
-           'check_split_batch', 'check_broadcast_schedule', 'check_zero2_grad_shard',
+           'check_split_batch', 'check_broadcast_schedule', 'check_zero2_hook',
            'check_shard_rows',
            'check_slurm_ranks', 'check_accumulation', 'check_row_parallel_linear',
            'check_interleaved_stages', 'check_online_softmax_merge']
