@@ -448,7 +448,7 @@ def prepare_fashion_mnist(root=None):
     if damage is None and real.is_dir() and all((real / n).exists() for n in FILES):
         return real
     if offline():
-        reason = 'D2LPAR_OFFLINE=1 is set (the test suite sets it)'
+        reason = 'D2LPAR_OFFLINE=1 is set (it asks for no download)'
     else:
         try:
             return _prepare_real(root)

@@ -276,7 +276,7 @@ def emit_result(obj=None, **fields):
 def exit_now(code=0):
     """End this process at once, skipping the interpreter's teardown; call it last.
 
-    With torch 2.14 a DDP model keeps its gloo process group alive after
+    With torch 2.13 to 2.15 a DDP model keeps its gloo process group alive after
     `destroy_process_group()`: its worker threads may still be releasing the
     tensors of a collective while Python shuts down, and the process then
     aborts with "terminate called without an active exception" (SIGABRT, as in
