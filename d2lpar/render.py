@@ -211,7 +211,7 @@ def _banner(result, nb, stamp):
                     f'{", CUDA_VISIBLE_DEVICES=" + html.escape(mask) if mask is not None else ""})'
                     f'; torch {html.escape(s["torch"])} (CUDA {html.escape(str(s["cuda"]))}), '
                     f'Python {html.escape(s["python"])}')
-        workload = ('<b>small</b> (D2LPAR_SMALL=1, as under the test suite)' if s['small']
+        workload = ('<b>small</b> (D2LPAR_SMALL=1, the quick run)' if s['small']
                     else 'full size')
     else:
         hardware = html.escape(s.get('error', 'unknown'))
