@@ -23,7 +23,7 @@ def _normal(layout):
 
 
 def _cases(rng):
-    """Models and limits where the answer is one layout (ties in bytes are avoided)."""
+    """Models and limits with one right layout, where ignoring memory or bytes goes wrong."""
     cases = []
     while len(cases) < 6:
         world_size = rng.choice([2, 4, 8])
@@ -36,6 +36,10 @@ def _cases(rng):
         fit = sorted((sent, i) for i, ((sent, held), l) in enumerate(costs) if held <= limit)
         if len(fit) > 1 and fit[0][0] == fit[1][0]:
             continue  # a tie: two right answers
+        fewest_bytes = min(range(len(costs)), key=lambda i: costs[i][0][0])
+        least_memory = min(range(len(costs)), key=lambda i: (costs[i][0][1], costs[i][0][0]))
+        if costs[fewest_bytes][0][1] <= limit or least_memory == fit[0][1]:
+            continue  # a case where the memory limit and the bytes both decide
         cases.append((world_size, model, limit, costs, costs[fit[0][1]][1]))
     return cases
 
