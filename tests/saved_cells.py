@@ -30,7 +30,8 @@ MARK = '#@save'
 # Submodules whose saved objects are not re-exported at the top of `d2lpar`:
 # a notebook calls them as d2lpar.<module>.<name>.
 MODULES = ('collectives', 'miniddp', 'zero', 'memory', 'fsdp', 'tensor_parallel', 'distributed',
-           'ddp_practice', 'ddp', 'pipelining', 'expert_parallel', 'context_parallel')
+           'ddp_practice', 'ddp', 'pipelining', 'expert_parallel', 'context_parallel',
+           'capstone')
 
 
 def saved_cells(path):

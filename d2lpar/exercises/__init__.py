@@ -22,10 +22,11 @@ from .fsdp import check_shard_rows
 from .tensor_parallel import check_row_parallel_linear
 from .pipeline_parallel import check_interleaved_stages
 from .context_expert import check_online_softmax_merge
+from .capstone import check_choose_layout
 
 __all__ = ['Verdict', 'check_pick_device', 'check_visible_count', 'check_load_checkpoint',
            'check_unbalanced_bubble', 'check_sampler', 'check_ring_allreduce',
            'check_split_batch', 'check_broadcast_schedule', 'check_zero2_hook',
            'check_shard_rows',
            'check_slurm_ranks', 'check_accumulation', 'check_row_parallel_linear',
-           'check_interleaved_stages', 'check_online_softmax_merge']
+           'check_interleaved_stages', 'check_online_softmax_merge', 'check_choose_layout']
