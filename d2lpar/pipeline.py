@@ -21,6 +21,7 @@ from torch import nn
 from ._checks import checked, positive_int
 from .devices import synchronize
 from .parallel import _check_devices
+from .tensor_parallel import saved_bytes  # notebook 12's counter of what autograd saves
 
 __all__ = ['ModelParallel', 'gpipe_stage', 'StageLinks', 'gpipe_step', 'pipeline_schedule', 'bubble_fraction',
            'idle_fraction', 'schedule_problems', 'plot_schedule', 'memory_footprint']
@@ -382,20 +383,11 @@ def memory_footprint(net, X, optimizer_states=2):
                          f'{optimizer_states!r}')
     params = list(net.parameters())
     param_bytes = sum(p.numel() * p.element_size() for p in params)
-    param_storages = {p.untyped_storage().data_ptr() for p in params}
-    saved = {}
-
-    def pack(t):
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in param_storages:
-            saved[ptr] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        try:
-            net(X)  # the graph keeps saved tensors alive until forward ends: no pointer is reused
+    with torch.enable_grad():
+        try:  # the graph keeps saved tensors alive until forward ends: no pointer is reused
+            _, activations = saved_bytes(net, X, exclude=params)
         except RuntimeError as e:
             raise ValueError(f'memory_footprint: net cannot run on X of shape {tuple(X.shape)} '
                              f'({str(e).splitlines()[0]}); pass a batch that net accepts') from e
     return {'parameters': param_bytes, 'gradients': param_bytes,
-            'optimizer': optimizer_states * param_bytes, 'activations': sum(saved.values())}
+            'optimizer': optimizer_states * param_bytes, 'activations': activations}
