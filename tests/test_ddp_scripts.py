@@ -138,16 +138,19 @@ def test_an_uneven_batch_is_refused_with_a_clear_message(monkeypatch):
     ('ddp_torchrun.py', dict(nproc=2)),
     ('ddp_multinode.py', dict(nproc=2)),
 ])
-def test_an_explicit_nccl_without_a_gpu_per_process_is_refused_clearly(script, how):
+def test_an_explicit_nccl_without_a_gpu_per_process_is_refused_clearly(script, how, tmp_path):
     # No GPU for anyone (the mask hides them all), so each rank must stop at
     # pick_backend's check, not at "invalid device ordinal" in torch.cuda.set_device.
     result = launch(SCRIPTS / script, nproc=how['nproc'], launcher=how.get('launcher', 'torchrun'),
                     args=[*SMALL, *how.get('args', []), '--backend', 'nccl'], timeout=120,
-                    echo=False, env={'CUDA_VISIBLE_DEVICES': '', 'D2LPAR_BACKEND': None})
+                    echo=False, env={'CUDA_VISIBLE_DEVICES': '', 'D2LPAR_BACKEND': None,
+                                     'TMPDIR': str(tmp_path)})
     said = '\n'.join(line for lines in result.output.values() for line in lines)
     assert not result.ok and not result.timed_out
     assert 'backend nccl needs one GPU per process: 2 local process(es) but 0 usable' in said
     assert 'invalid device ordinal' not in said
+    # mp.spawn keeps a file of each failed child's traceback: refused before any child starts
+    assert not list(tmp_path.glob('pytorch-errorfile-*'))
 
 
 def load_script(name):

@@ -66,6 +66,7 @@ def worker(rank, world_size, args):
 
 if __name__ == '__main__':
     args = common.get_args(__doc__)
+    pick_backend(args.nproc, args.backend)  # a refusal here, before any process starts
     os.environ.setdefault('MASTER_ADDR', '127.0.0.1')  # where env:// finds rank 0
     os.environ.setdefault('MASTER_PORT', '29500')
     mp.spawn(worker, args=(args.nproc, args), nprocs=args.nproc, join=True)
