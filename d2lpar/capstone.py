@@ -1,10 +1,12 @@
 """The capstone (notebook 15): one small GPT trained under every layout of a device mesh.
 
-A layout is a dictionary of degrees (pp, dp, fsdp, tp) that multiply to the
+A layout is a dictionary of degrees (pp, dp, fsdp, cp, tp) that multiply to the
 number of processes. `layout_mesh` makes the named DeviceMesh, `parallelize`
 cuts, splits and shards a `TinyGPT` with torch's APIs (pipelining,
-parallelize_module with sequence parallelism, fully_shard), `train_step` trains
-this rank's share (gradients averaged by hand over dp), and `StepCost` counts the
+parallelize_module with sequence parallelism, fully_shard) and points its
+attention at notebook 14's ring attention over cp, `train_step` trains this
+rank's share (its zig-zag chunks of the sequences under cp; gradients averaged
+by hand over dp and cp), and `StepCost` counts the
 bytes every collective of a step sends, with peak memory (notebook 10's
 StepMemory). `layout_cost` is the first-order cost model. The algorithms are
 written in notebook 15's cells (marked `#@save`) and are the same code here;
