@@ -1,10 +1,12 @@
 """The capstone (notebook 15): one small GPT trained under every layout of a device mesh.
 
-A layout is a dictionary of degrees (pp, dp, fsdp, tp) that multiply to the
+A layout is a dictionary of degrees (pp, dp, fsdp, cp, tp) that multiply to the
 number of processes. `layout_mesh` makes the named DeviceMesh, `parallelize`
 cuts, splits and shards a `TinyGPT` with torch's APIs (pipelining,
-parallelize_module with sequence parallelism, fully_shard), `train_step` trains
-this rank's share (gradients averaged by hand over dp), and `StepCost` counts the
+parallelize_module with sequence parallelism, fully_shard) and points its
+attention at notebook 14's ring attention over cp, `train_step` trains this
+rank's share (its zig-zag chunks of the sequences under cp; gradients averaged
+by hand over dp and cp), and `StepCost` counts the
 bytes every collective of a step sends, with peak memory (notebook 10's
 StepMemory). `layout_cost` is the first-order cost model. The algorithms are
 written in notebook 15's cells (marked `#@save`) and are the same code here;
@@ -26,6 +28,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
 from torch.nn import functional as F
 
 from ._checks import checked, positive_int, process_group_size
+from .context_parallel import ring_attention, shard_sequence
 from .memory import StepMemory
 
 __all__ = ['CausalAttention', 'GPTBlock', 'TinyGPT', 'lm_loss', 'counting_task', 'DIMS', 'layout_mesh',
@@ -40,11 +43,15 @@ class CausalAttention(nn.Module):
         super().__init__()
         self.head_dim = dim // num_heads
         self.q, self.k, self.v, self.out = (nn.Linear(dim, dim) for _ in range(4))
+        self.cp_group = None  # context parallelism: the group whose ranks hold the rest of the sequence
 
     def forward(self, X):
         B, T = X.shape[:2]  # -1 heads: all of them, or this rank's under tensor parallelism
         q, k, v = (f(X).view(B, T, -1, self.head_dim).transpose(1, 2) for f in (self.q, self.k, self.v))
-        Y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.cp_group is None:
+            Y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # this rank holds zig-zag chunks of each sequence; keys and values go round a ring
+            Y = ring_attention(q, k, v, group=self.cp_group)
         return self.out(Y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -99,7 +106,7 @@ def counting_task(num_seqs, seq_len, vocab, seed=0):
     return tokens[:, :-1], tokens[:, 1:]
 
 
-DIMS = ('pp', 'dp', 'fsdp', 'tp')  # outermost to innermost: tp's ranks are neighbours
+DIMS = ('pp', 'dp', 'fsdp', 'cp', 'tp')  # outermost to innermost: tp's ranks are neighbours
 
 
 def _check_degrees(caller, layout):
@@ -109,7 +116,7 @@ def _check_degrees(caller, layout):
     unknown = sorted(set(layout) - set(DIMS))
     if unknown:
         raise ValueError(f'{caller}: unknown dimension(s) {unknown}; a layout names degrees of '
-                         f'{", ".join(DIMS)} (context and expert parallelism are not built here)')
+                         f'{", ".join(DIMS)} (expert parallelism is not built here: this GPT has no experts)')
     for name, degree in layout.items():
         positive_int(degree, f'{caller}: the degree of {name!r}')
 
@@ -187,6 +194,9 @@ def parallelize(net, layout, mesh, microbatches=2, broken=()):
     at = coordinates(mesh, layout)
     if layout.get('pp', 1) > 1:
         net = pipeline_stage(net, at['pp'], layout['pp'])
+    if layout.get('cp', 1) > 1:  # every attention a ring over cp
+        for block in net.blocks.values():
+            block.attention.cp_group = mesh['cp'].get_group()
     if layout.get('tp', 1) > 1:
         plan = tensor_plan(net)
         if 'sp_norm' in broken:  # the norms run on the rank's tokens with ordinary parameters
@@ -221,6 +231,8 @@ def train_step(net, schedule, opt, X, y, layout, mesh, broken=()):
     at, fsdp = coordinates(mesh, layout), layout.get('fsdp', 1)
     shares = layout.get('dp', 1) * fsdp
     X, y = X.chunk(shares)[at['dp'] * fsdp + at['fsdp']], y.chunk(shares)[at['dp'] * fsdp + at['fsdp']]
+    if layout.get('cp', 1) > 1:  # this rank's zig-zag chunks of every sequence, as ring attention expects
+        X, y = (shard_sequence(t.unsqueeze(-1), layout['cp'], at['cp']).squeeze(-1) for t in (X, y))
     opt.zero_grad()
     if schedule is None:
         loss = lm_loss(net(X), y)
@@ -232,6 +244,8 @@ def train_step(net, schedule, opt, X, y, layout, mesh, broken=()):
         loss = torch.stack(losses).mean().item() if last else None
     if layout.get('dp', 1) > 1:
         average_gradients(net, mesh['dp'].get_group(), layout['dp'], divide='dp_average' not in broken)
+    if layout.get('cp', 1) > 1:  # each cp rank's loss is the mean over its tokens: average them too
+        average_gradients(net, mesh['cp'].get_group(), layout['cp'])
     opt.step()
     return loss
 
@@ -281,15 +295,16 @@ def layout_cost(layout, num_params, tokens, dim, num_layers, bytes_per_value=4):
     """Return (bytes a rank sends, bytes it holds) in one SGD step under `layout`: a first-order model.
 
     Parameters and gradients are split by fsdp, tp and pp; activations (about 16 values of
-    `dim` per token and layer, all kept for backward) by the data shares, tp and pp.
+    `dim` per token and layer, all kept for backward) by the data shares, cp, tp and pp.
     """
-    dp, fsdp, tp, pp = (layout.get(name, 1) for name in ('dp', 'fsdp', 'tp', 'pp'))
+    dp, fsdp, cp, tp, pp = (layout.get(name, 1) for name in ('dp', 'fsdp', 'cp', 'tp', 'pp'))
     ring = lambda n: (n - 1) / n
     state = num_params * bytes_per_value / (tp * pp)  # a rank's model before data parallelism
-    act = tokens / (dp * fsdp) * dim * bytes_per_value  # one activation of a rank's tokens
-    sent = (2 * ring(dp) * state / fsdp  # all-reduce of the (sharded) gradients
+    act = tokens / (dp * fsdp * cp) * dim * bytes_per_value  # one activation of a rank's tokens
+    sent = (2 * (ring(dp) + ring(cp)) * state / fsdp  # all-reduces of the (sharded) gradients
             + 3 * ring(fsdp) * state  # gather in forward, again in backward, reduce-scatter
             + 8 * ring(tp) * act * num_layers / pp  # 4 all-gathers, 4 reduce-scatters per block
+            + ((6 * (cp - 1) + 2) * act / tp * num_layers / pp if cp > 1 else 0)  # ring attention's K, V (dK, dV)
             + (2 * act if pp > 1 else 0))  # a stage's output forward, its gradient back
     held = 2 * state / fsdp + 16 * act * num_layers / (tp * pp)
     return sent, held

@@ -44,7 +44,7 @@ def _check_shard(X, n, rank, zigzag=True):
                          f'length divisible by {parts}')
 
 
-def _check_ring(Q, K, V, causal=True, zigzag=True, stats=None):
+def _check_ring(Q, K, V, causal=True, zigzag=True, stats=None, group=None):
     process_group_size('ring_attention')
     if not (Q.shape == K.shape == V.shape) or Q.dim() < 2:
         raise ValueError('ring_attention: Q, K and V must have one shape (..., local length, d): '
@@ -99,8 +99,8 @@ class RingAttention(torch.autograd.Function):
     """Attention over the whole sequence for this rank's queries, keys and values in a ring."""
 
     @staticmethod
-    def forward(ctx, Q, K, V, causal, zigzag, stats):
-        rank, n = dist.get_rank(), dist.get_world_size()
+    def forward(ctx, Q, K, V, causal, zigzag, stats, group):
+        rank, n = dist.get_rank(group), dist.get_world_size(group)  # within the group (None: all)
         chunks = sequence_chunks(n, zigzag)
         mine, size = chunks[rank], Q.shape[-2] // len(chunks[rank])
         results = [None] * len(mine)  # (output, lse) of each of our query chunks, so far
@@ -109,7 +109,8 @@ class RingAttention(torch.autograd.Function):
             src = (rank - step) % n  # whose keys and values we hold now
             if step < n - 1:  # pass them on to the right while we compute with them
                 received = torch.empty_like(KV)
-                requests = [dist.isend(KV, (rank + 1) % n), dist.irecv(received, (rank - 1) % n)]
+                requests = [dist.isend(KV, group_dst=(rank + 1) % n, group=group),
+                            dist.irecv(received, group_src=(rank - 1) % n, group=group)]
             for a, i in enumerate(mine):
                 for b, j in enumerate(chunks[src]):
                     mask = chunk_mask(i, j, size, causal, Q.device)
@@ -129,13 +130,14 @@ class RingAttention(torch.autograd.Function):
         O = torch.cat([O for O, _ in results], dim=-2)
         lse = torch.cat([lse for _, lse in results], dim=-2)
         ctx.save_for_backward(Q, K, V, O, lse)
-        ctx.causal, ctx.zigzag = causal, zigzag
+        ctx.causal, ctx.zigzag, ctx.group = causal, zigzag, group
         return O
 
     @staticmethod
     def backward(ctx, dO):
         Q, K, V, O, lse = ctx.saved_tensors
-        rank, n = dist.get_rank(), dist.get_world_size()
+        group = ctx.group
+        rank, n = dist.get_rank(group), dist.get_world_size(group)
         chunks = sequence_chunks(n, ctx.zigzag)
         mine, size = chunks[rank], Q.shape[-2] // len(chunks[rank])
         scale = 1 / math.sqrt(Q.shape[-1])
@@ -163,17 +165,20 @@ class RingAttention(torch.autograd.Function):
             if n > 1:  # pass the block with its gradient; after n passes the gradient is home
                 message = torch.cat([KV, dKV]) if step < n - 1 else dKV
                 received = torch.empty_like(message)
-                request = dist.isend(message, (rank + 1) % n)
-                dist.recv(received, (rank - 1) % n)
+                request = dist.isend(message, group_dst=(rank + 1) % n, group=group)
+                dist.recv(received, group_src=(rank - 1) % n, group=group)
                 request.wait()
                 KV, dKV = (received[:2], received[2:]) if step < n - 1 else (KV, received)
-        return dQ, dKV[0], dKV[1], None, None, None
+        return dQ, dKV[0], dKV[1], None, None, None, None
 
 
 @checked(_check_ring)
-def ring_attention(Q, K, V, causal=True, zigzag=True, stats=None):
-    """Return softmax(QK^T/sqrt(d))V for this rank's part of the sequence, keys passed in a ring."""
-    return RingAttention.apply(Q, K, V, causal, zigzag, stats)
+def ring_attention(Q, K, V, causal=True, zigzag=True, stats=None, group=None):
+    """Return softmax(QK^T/sqrt(d))V for this rank's part of the sequence, keys passed in a ring.
+
+    The ring is the ranks of `group` (None: every rank), in the order of their ranks in it.
+    """
+    return RingAttention.apply(Q, K, V, causal, zigzag, stats, group)
 
 
 def ring_attention_bytes(n, block_bytes):

@@ -16,7 +16,7 @@ STEPS, NUM_SEQS, SEQ_LEN, LR = 1, 8, 8, 0.5  # one step shows every bug in the p
 
 @pytest.mark.parametrize('layout, error, words', [
     ([2, 2], TypeError, 'layout must be a dict'),
-    (dict(dp=2, cp=2), ValueError, "unknown dimension(s) ['cp']"),
+    (dict(dp=2, ep=2), ValueError, "unknown dimension(s) ['ep']"),
     (dict(dp=0), ValueError, "degree of 'dp' must be a positive int"),
     (dict(tp=2.0), ValueError, "degree of 'tp' must be a positive int"),
 ])
@@ -47,6 +47,10 @@ def test_layout_cost_by_hand():
     assert capstone.layout_cost(dict(fsdp=8), P, tokens, dim, layers)[0] == 3 * ring * 4 * P
     assert capstone.layout_cost(dict(tp=8), P, tokens, dim, layers)[0] == 8 * ring * tokens * dim * 4 * layers
     assert capstone.layout_cost(dict(pp=2), P, tokens, dim, layers)[0] == 2 * tokens * dim * 4
+    # cp=4: gradients all-reduced like dp; per layer the ring sends K and V 3 times forward,
+    # K, V, dK, dV 3 times and dK, dV once more backward: 20 blocks of a quarter of the tokens
+    block = tokens // 4 * dim * 4
+    assert capstone.layout_cost(dict(cp=4), P, tokens, dim, layers)[0] == 2 * 3 / 4 * 4 * P + 20 * block * layers
     assert capstone.layout_cost(dict(), P, tokens, dim, layers) == (0, 2 * 4 * P + 16 * tokens * dim * 4 * layers)
     # sharding divides what a rank holds; replicating does not
     held = {n: capstone.layout_cost(dict(fsdp=n), P, 1, dim, layers)[1] for n in (1, 2, 4)}
@@ -111,9 +115,9 @@ def _train_layouts(rank, world_size, runs):
 
 
 def test_each_planted_bug_is_caught_and_each_correct_layout_is_not():
-    """On 2 ranks: dp, pp and tp layouts equal one process to float32 rounding; their bugs do not."""
+    """On 2 ranks: dp, pp, tp and cp layouts equal one process to float32 rounding; their bugs do not."""
     runs = [(dict(dp=2), []), (dict(dp=2), ['dp_average']), (dict(pp=2), []), (dict(pp=2), ['pp_scale']),
-            (dict(tp=2), []), (dict(tp=2), ['sp_norm'])]
+            (dict(tp=2), []), (dict(tp=2), ['sp_norm']), (dict(cp=2), [])]
     gaps, sent = run_ranks(_train_layouts, 2, runs)[0]
     tolerance = 1e-6  # a few units of float32's last place on parameters of order 1
     for (layout, broken), gap in zip(runs, gaps):
@@ -127,3 +131,7 @@ def test_each_planted_bug_is_caught_and_each_correct_layout_is_not():
     # On its first step a stage also sends the other its shapes, a few hundred bytes of metadata.
     assert activations <= sent[2]['send'] < activations + 1024, sent[2]
     assert {'all_gather_into_tensor', 'reduce_scatter_tensor'} <= set(sent[4])
+    # cp: the gradients' all-reduce and ring attention's messages, exactly as the cost model counts
+    tokens = NUM_SEQS * SEQ_LEN
+    assert sum(sent[6].values()) == capstone.layout_cost(dict(cp=2), num_params, tokens, MODEL['dim'],
+                                                         MODEL['num_layers'])[0], sent[6]

@@ -1,6 +1,7 @@
 """Ring attention and the online-softmax merge, against PyTorch's attention."""
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from d2lpar import context_parallel as CP
@@ -95,3 +96,27 @@ def test_ring_attention_on_three_ranks():
         assert report['right', True, False]['scores'] == (rank + 1) * c * c  # in order: uneven
         assert report['right', True, True]['scores'] == (2 * n + 1) * (c // 2) ** 2  # balanced
         assert report['right', False, True]['scores'] == S * c
+
+
+def _subgroup_ranks(rank, n):
+    """Two rings of two, interleaved (ranks 0, 2 and 1, 3), each on its own sequence."""
+    groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    group, ring = groups[rank % 2], rank % 2
+    S = 8
+    g = torch.Generator().manual_seed(ring)  # each ring its own data: crossed wires would show
+    Q, K, V, G = (torch.randn(2, S, 4, generator=g, dtype=torch.float64) for _ in range(4))
+    me = dist.get_rank(group)
+    q, k, v = (CP.shard_sequence(t, 2, me).requires_grad_() for t in (Q, K, V))
+    out = CP.ring_attention(q, k, v, group=group)
+    out.backward(CP.shard_sequence(G, 2, me))
+    full_in = [t.clone().requires_grad_() for t in (Q, K, V)]
+    full = F.scaled_dot_product_attention(*full_in, is_causal=True)
+    full.backward(G)
+    return [(a - CP.shard_sequence(b, 2, me)).abs().max().item() / (S * EPS * b.abs().max().item())
+            for a, b in zip((out.detach(), q.grad, k.grad, v.grad), [full.detach()] + [t.grad for t in full_in])]
+
+
+def test_ring_attention_within_subgroups():
+    """Ring attention over each half of 4 ranks equals full attention of that half's sequence."""
+    for rank, errors in run_ranks(_subgroup_ranks, 4).items():
+        assert max(errors) <= 1, (rank, errors)  # output and the three gradients, in units of the bound
