@@ -10,7 +10,6 @@ os.environ['D2LPAR_SMALL'] = '1'
 os.environ.setdefault('MPLBACKEND', 'Agg')
 
 
-
 class NotebookTimes:
     """Add up the time of each notebook's cells and print it at the end (budget: 90 s each)."""
 

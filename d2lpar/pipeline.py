@@ -384,7 +384,7 @@ def memory_footprint(net, X, optimizer_states=2):
     params = list(net.parameters())
     param_bytes = sum(p.numel() * p.element_size() for p in params)
     with torch.enable_grad():
-        try:  # the graph keeps saved tensors alive until forward ends: no pointer is reused
+        try:  # each storage autograd saves, counted once; the parameters left out
             _, activations = saved_bytes(net, X, exclude=params)
         except RuntimeError as e:
             raise ValueError(f'memory_footprint: net cannot run on X of shape {tuple(X.shape)} '

@@ -4,8 +4,8 @@ A script started with `d2lpar.launch` runs in fresh processes, which cannot see
 functions defined in the notebook's kernel. `save_cells(path)` writes every
 `#@save` cell the kernel has run into `path`, preceded by the imports (from any
 cell the kernel has run) that those cells use, and keeps the file up to date:
-from then on, each time a `#@save` cell runs, the file is written again. A learner who edits a saved
-cell and runs it sees the edit in the next launch.
+from then on, each time a `#@save` cell runs, the file is written again. A
+learner who edits a saved cell and runs it sees the edit in the next launch.
 
     d2lpar.save_cells(work / 'ddp_steps.py')  # scripts in `work` then `import ddp_steps`
 
@@ -72,7 +72,7 @@ def saved_source(cells, module=None):
         line = ast.unparse(node)
         if node.names and line not in lines:
             lines.append(line)
-    header = f'"""The #@save cells of a notebook, written by d2lpar.save_cells."""'
+    header = '"""The #@save cells of a notebook, written by d2lpar.save_cells."""'
     return '\n\n\n'.join([header + '\n' + '\n'.join(lines), *saved]) + '\n'
 
 
