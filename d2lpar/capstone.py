@@ -1,4 +1,4 @@
-"""The capstone (notebook 15): one small GPT trained under every layout of a device mesh.
+"""The capstone (notebook 17): one small GPT trained under every layout of a device mesh.
 
 A layout is a dictionary of degrees (pp, dp, fsdp, cp, tp) that multiply to the
 number of processes. `layout_mesh` makes the named DeviceMesh, `parallelize`
@@ -9,7 +9,7 @@ rank's share (its zig-zag chunks of the sequences under cp; gradients averaged
 by hand over dp and cp), and `StepCost` counts the
 bytes every collective of a step sends, with peak memory (notebook 10's
 StepMemory). `layout_cost` is the first-order cost model. The algorithms are
-written in notebook 15's cells (marked `#@save`) and are the same code here;
+written in notebook 17's cells (marked `#@save`) and are the same code here;
 argument checks run first, in `@checked`.
 """
 import copy

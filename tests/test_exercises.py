@@ -40,7 +40,7 @@ CHECKS = {
     exercises.check_row_parallel_linear: ('12_tensor_parallel', 'row_parallel_linear'),
     exercises.check_interleaved_stages: ('13_pipeline_parallel', 'interleaved_stages'),
     exercises.check_online_softmax_merge: ('14_context_expert', 'merge_partial'),
-    exercises.check_choose_layout: ('15_capstone', 'choose_layout'),
+    exercises.check_choose_layout: ('17_capstone', 'choose_layout'),
 }
 
 
@@ -849,7 +849,7 @@ def test_merge_reference_agrees_with_torch_on_the_ring_attention_merge():
     torch.testing.assert_close(acc / l, O)
     torch.testing.assert_close(m + torch.log(l), lse)
 
-# ------------------------------------------------- notebook 15: choosing a layout
+# ------------------------------------------------- notebook 17: choosing a layout
 
 def _search(key):
     from d2lpar.capstone import layout_cost

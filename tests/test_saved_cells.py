@@ -42,7 +42,7 @@ REQUIRED = {
                           'load_balancing_loss', 'MoE', 'AllToAll', 'ExpertParallelMoE',
                           'attend_block', 'merge_attention', 'sequence_chunks', 'shard_sequence',
                           'chunk_mask', 'RingAttention', 'ring_attention', 'ring_attention_bytes'],
-    '15_capstone': ['CausalAttention', 'GPTBlock', 'TinyGPT', 'lm_loss', 'counting_task', 'layout_mesh',
+    '17_capstone': ['CausalAttention', 'GPTBlock', 'TinyGPT', 'lm_loss', 'counting_task', 'layout_mesh',
                     'coordinates', 'pipeline_stage', 'tensor_plan', 'parallelize', 'average_gradients',
                     'train_step', 'full_parameters', 'StepCost', 'layout_cost'],
 }

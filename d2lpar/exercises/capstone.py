@@ -1,4 +1,4 @@
-"""Checker of notebook 15: choose the layout that fits a memory limit with the fewest bytes sent."""
+"""Checker of notebook 17: choose the layout that fits a memory limit with the fewest bytes sent."""
 import itertools
 
 from ..capstone import layout_cost
