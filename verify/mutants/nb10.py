@@ -1,0 +1,44 @@
+"""Planted bugs of notebook 10 (ZeRO by hand), each tied to the check that must catch it."""
+from verify.mutants.registry import Mutant
+
+NB = '10_zero'
+TARGET = 'notebooks/10_zero.ipynb'
+LAUNCH = "run = d2lpar.launch(work / 'train_zero.py'"  # the script asserts parity and bytes
+PEAKS = "assert peaks['DDP'] > peaks['ZeRO-1'] > peaks['ZeRO-2'] > peaks['ZeRO-3']"
+
+MUTANTS = [
+    Mutant('zero2-gradients-counted-whole', NB, 'ZeRO-2 holds 1/N of the gradients', TARGET,
+           old="'zero2': (1, n, n)", new="'zero2': (1, 1, n)",
+           catch="assert model_state_bytes('zero2', P, N, **mixed) == (2 + 14 / N) * P", quick=True),
+    Mutant('shards-transposed', NB, 'row r of the padded buffer is rank r\'s shard', TARGET,
+           old="return nn.functional.pad(flat, (0, -flat.numel() % n)).view(n, -1)",
+           new="return nn.functional.pad(flat, (0, -flat.numel() % n)).view(-1, n)",
+           catch="assert rows.tolist() == [[0., 1., 2.], [3., 4., 0.]]", quick=True),
+    Mutant('zero1-stale-parameters', NB, 'every stage trains as one process',
+           TARGET, old="        self.gather_params()\n        self.reduced = set()",
+           new="        self.reduced = set()  # forgot to all-gather: other ranks' rows stay stale",
+           catch=LAUNCH),
+    Mutant('zero1-wrong-shard-updated', NB, 'every stage trains as one process', TARGET,
+           old="return self.flats[p][self.rank]",
+           new="return self.flats[p][(self.rank + 1) % self.n]", catch=LAUNCH),
+    Mutant('zero1-mean-divided-twice', NB, 'the shards hold the mean gradient (SGD sees a wrong scale)',
+           TARGET, old="(rows[self.rank] / self.n).split(sizes)",
+           new="(rows[self.rank] / self.n / self.n).split(sizes)", catch=LAUNCH),
+    Mutant('zero1-mean-not-divided', NB, 'the shards hold the mean gradient (SGD sees a wrong scale)',
+           TARGET, old="(rows[self.rank] / self.n).split(sizes)",
+           new="rows[self.rank].split(sizes)", catch=LAUNCH),
+    Mutant('zero3-bytes-as-zero2', NB, 'ZeRO-3 sends 3(N-1)/N Psi, the others 2(N-1)/N Psi', TARGET,
+           old="passes = 3 if stage == 'zero3' else 2", new="passes = 2", catch=LAUNCH),
+    Mutant('zero2-full-gradients-kept', NB, 'each stage lowers the peak (ZeRO-2 frees a bucket\'s '
+           'full gradients)', TARGET,
+           old="            p.grad = None  # in the bucket now: free the full gradient\n",
+           new="", catch=PEAKS),
+    Mutant('zero3-not-freed-after-forward', NB, 'each stage lowers the peak (ZeRO-3 frees a layer '
+           'after its forward)', TARGET,
+           old="            if p in self.flats:\n                self.flats[p].untyped_storage().resize_(0)",
+           new="            pass  # forgot to free", catch=PEAKS),
+    Mutant('adamw-foreach-temporaries', NB, 'the peak lies a few layers above the formula, whatever '
+           'the depth (AdamW\'s default on GPUs)', TARGET,
+           old="weight_decay=0.01, foreach=False))}", new="weight_decay=0.01, foreach=True))}",
+           catch="assert formula[name] <= peaks[name] <= formula[name] + 5 * layer_bytes, name"),
+]
