@@ -7,6 +7,9 @@ LAUNCH = "run = d2lpar.launch(work / 'train_zero.py'"  # the script asserts pari
 PEAKS = "assert peaks['DDP'] > peaks['ZeRO-1'] > peaks['ZeRO-2'] > peaks['ZeRO-3']"
 
 MUTANTS = [
+    Mutant('stepmemory-misses-optimizer-state', NB, 'StepMemory counts 16 B per parameter after '
+           'an AdamW step', 'd2lpar/memory.py', old="            todo.extend(obj.state.values())\n",
+           new="", catch="assert after == 16 * P + 4 * len(params)", quick=True),
     Mutant('zero2-gradients-counted-whole', NB, 'ZeRO-2 holds 1/N of the gradients', TARGET,
            old="'zero2': (1, n, n)", new="'zero2': (1, 1, n)",
            catch="assert model_state_bytes('zero2', P, N, **mixed) == (2 + 14 / N) * P", quick=True),

@@ -32,6 +32,10 @@ MUTANTS = [
            'before block i computes', TARGET,
            old="            net[i].set_modules_to_forward_prefetch([net[i + 1]])\n", new="",
            catch="assert all(early) if explicit == 'True' else not any(early)"),
+    Mutant('selective-checkpoint-keeps-nothing', NB, 'selective checkpointing reruns no matrix '
+           'product', TARGET, old="        return CheckpointPolicy.MUST_SAVE",
+           new="        return CheckpointPolicy.PREFER_RECOMPUTE",
+           catch="assert ac['none']['ops']['addmm'] == ac['selective']['ops']['addmm'] == 12"),
     Mutant('resume-checkpoint-not-loaded', NB, 'a 2-rank run resumes the 4-rank checkpoint', TARGET,
            old="dcp.load(state, checkpoint_id=args.folder)\n",
            new="pass  # forgot dcp.load: the new run keeps its own weights\n", catch=RESUME),
