@@ -7,8 +7,10 @@ LAUNCH = "run = d2lpar.launch(work / 'train_zero.py'"  # the script asserts pari
 PEAKS = "assert peaks['DDP'] > peaks['ZeRO-1'] > peaks['ZeRO-2'] > peaks['ZeRO-3']"
 
 MUTANTS = [
-    Mutant('stepmemory-misses-optimizer-state', NB, 'StepMemory counts 16 B per parameter after '
-           'an AdamW step', 'd2lpar/memory.py', old="            todo.extend(obj.state.values())\n",
+    Mutant('stepmemory-misses-new-tensors', NB, 'StepMemory counts 16 B per parameter after an '
+           'AdamW step, and the peak above it', 'd2lpar/memory.py',
+           old="        for t in tree_flatten(out)[0]:\n            if isinstance(t, torch.Tensor):\n"
+               "                self.add(t)\n",
            new="", catch="assert after == 16 * P + 4 * len(params)", quick=True),
     Mutant('zero2-gradients-counted-whole', NB, 'ZeRO-2 holds 1/N of the gradients', TARGET,
            old="'zero2': (1, n, n)", new="'zero2': (1, 1, n)",
@@ -36,10 +38,12 @@ MUTANTS = [
            'full gradients)', TARGET,
            old="            p.grad = None  # in the bucket now: free the full gradient\n",
            new="", catch=PEAKS),
-    Mutant('zero3-not-freed-after-forward', NB, 'each stage lowers the peak (ZeRO-3 frees a layer '
-           'after its forward)', TARGET,
+    # Caught by the bytes: a layer never freed after forward is not gathered again for backward,
+    # so ZeRO-3 sends 2(N-1)/N Psi, not 3(N-1)/N Psi (its values stay right).
+    Mutant('zero3-not-freed-after-forward', NB, 'ZeRO-3 frees each layer after its forward and '
+           'gathers it again for backward', TARGET,
            old="            if p in self.flats:\n                self.flats[p].untyped_storage().resize_(0)",
-           new="            pass  # forgot to free", catch=PEAKS),
+           new="            pass  # forgot to free", catch=LAUNCH),
     Mutant('adamw-foreach-temporaries', NB, 'the peak lies a few layers above the formula, whatever '
            'the depth (AdamW\'s default on GPUs)', TARGET,
            old="weight_decay=0.01, foreach=False))}", new="weight_decay=0.01, foreach=True))}",
