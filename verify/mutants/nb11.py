@@ -10,7 +10,7 @@ MUTANTS = [
     Mutant('fsdp-reduce-in-bf16', NB, 'gradients are reduce-scattered in float32', TARGET,
            old="param_dtype=torch.bfloat16, reduce_dtype=torch.float32)",
            new="param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)",
-           catch="assert mixed == {'forward': 'torch.bfloat16'", quick=True),
+           catch="assert mixed == dict(forward='torch.bfloat16'", quick=True),
     Mutant('avg-not-divided', NB, "gloo's ReduceOp.AVG is SUM / N", TARGET,
            old="dist.reduce_scatter_tensor(averaged, values.clone(), op=dist.ReduceOp.AVG)",
            new="dist.reduce_scatter_tensor(averaged, values.clone(), op=dist.ReduceOp.SUM)",
