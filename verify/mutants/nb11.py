@@ -15,9 +15,10 @@ MUTANTS = [
            old="dist.reduce_scatter_tensor(averaged, values.clone(), op=dist.ReduceOp.AVG)",
            new="dist.reduce_scatter_tensor(averaged, values.clone(), op=dist.ReduceOp.SUM)",
            catch=LAUNCH),
-    Mutant('shard-blocks-drops-options', NB, 'reshard_after_forward trades memory for '
+    Mutant('shard-blocks-ignores-reshard', NB, 'reshard_after_forward trades memory for '
            'communication', TARGET, old="        fully_shard(block, mesh=mesh, **kwargs)",
-           new="        fully_shard(block, mesh=mesh)",
+           new="        fully_shard(block, mesh=mesh, **{k: v for k, v in kwargs.items()\n"
+               "                                         if k != 'reshard_after_forward'})",
            catch="assert res[setting]['forward_gathers'] == 6 and res[setting]['reduce_scatters'] == 6"),
     Mutant('fsdp-adamw-foreach', NB, "FSDP2's peak is ZeRO-3's formula plus a few layers "
            "(AdamW's default on GPUs)", TARGET,
