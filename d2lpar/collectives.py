@@ -17,8 +17,8 @@ import torch.distributed as dist
 
 from ._checks import checked, finite_number, positive_int, process_group_size
 
-__all__ = ['combine', 'broadcast', 'reduce', 'ring_reduce_scatter', 'ring_all_gather',
-           'all_gather', 'reduce_scatter', 'naive_allreduce', 'ring_allreduce',
+__all__ = ['combine', 'broadcast', 'reduce', 'send_and_receive', 'ring_reduce_scatter',
+           'ring_all_gather', 'all_gather', 'reduce_scatter', 'naive_allreduce', 'ring_allreduce',
            'allreduce_cost', 'bandwidths', 'allreduce_timings']
 
 _OPS = (dist.ReduceOp.SUM, dist.ReduceOp.PRODUCT, dist.ReduceOp.MIN, dist.ReduceOp.MAX)
@@ -172,6 +172,19 @@ def reduce(tensor, dst, op=dist.ReduceOp.SUM):
     return tensor
 
 
+def send_and_receive(tensor, dst, received, src):
+    """Send `tensor` to rank `dst` while receiving `received` from rank `src`; wait for both."""
+    # One batch, not an isend and then a recv: NCCL may hold a send until the peer posts
+    # its receive, so two ranks that each send first can wait for each other forever
+    # (NCCL's docs: concurrent sends and receives must be grouped). batch_isend_irecv
+    # starts both as one NCCL group; gloo, which sends without waiting, runs them in turn.
+    requests = dist.batch_isend_irecv([dist.P2POp(dist.isend, tensor, dst),
+                                       dist.P2POp(dist.irecv, received, src)])
+    for request in requests:
+        request.wait()
+    return received
+
+
 @checked(_check_ring_reduce_scatter)
 def ring_reduce_scatter(blocks, op=dist.ReduceOp.SUM):
     """Combine `blocks` (one per rank) around a ring: rank r ends with block r's total."""
@@ -179,10 +192,7 @@ def ring_reduce_scatter(blocks, op=dist.ReduceOp.SUM):
     right, left = (rank + 1) % n, (rank - 1) % n
     for step in range(n - 1):
         send, recv = (rank - step - 1) % n, (rank - step - 2) % n
-        received = torch.empty_like(blocks[recv])
-        request = dist.isend(blocks[send], right)  # post the send, then receive meanwhile
-        dist.recv(received, left)
-        request.wait()
+        received = send_and_receive(blocks[send], right, torch.empty_like(blocks[recv]), left)
         combine(blocks[recv], received, op)
     return blocks
 
@@ -194,9 +204,7 @@ def ring_all_gather(blocks):
     right, left = (rank + 1) % n, (rank - 1) % n
     for step in range(n - 1):
         send, recv = (rank - step) % n, (rank - step - 1) % n
-        request = dist.isend(blocks[send], right)
-        dist.recv(blocks[recv], left)
-        request.wait()
+        send_and_receive(blocks[send], right, blocks[recv], left)
     return blocks
 
 

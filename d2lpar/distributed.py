@@ -15,6 +15,7 @@ import os
 import re
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 
@@ -323,24 +324,42 @@ def count_calls(names=('send', 'recv', 'isend', 'irecv', 'all_reduce')):
     first argument (the tensor sent, received or reduced). The functions are
     wrapped in the torch.distributed module for the duration of the block, so
     every call written `dist.<name>(...)` is counted (the hand-written
-    collectives, MiniDDP); calls that C++ code makes directly, such as DDP's,
+    collectives, MiniDDP), and so is each isend and irecv of a
+    `dist.batch_isend_irecv`; calls that C++ code makes directly, such as DDP's,
     are not.
     """
     import torch.distributed as dist
+    from torch.distributed import distributed_c10d
     counts = {name: {'calls': 0, 'bytes': 0} for name in names}
     originals = {name: getattr(dist, name) for name in names}
+    # P2POp accepts only an op that `is` distributed_c10d's isend or irecv, and
+    # batch_isend_irecv tells them apart the same way: wrap them there too.
+    inner = {name: getattr(distributed_c10d, name) for name in names
+             if getattr(distributed_c10d, name, None) is originals[name]}
+
+    inside = threading.local()  # torch's send calls its isend (2.15): count the outer call only
 
     def counting(name):
         def call(tensor, *args, **kwargs):
+            if getattr(inside, 'call', False):
+                return originals[name](tensor, *args, **kwargs)
             counts[name]['calls'] += 1
             counts[name]['bytes'] += tensor.numel() * tensor.element_size()
-            return originals[name](tensor, *args, **kwargs)
+            inside.call = True
+            try:
+                return originals[name](tensor, *args, **kwargs)
+            finally:
+                inside.call = False
         return call
 
     for name in names:
         setattr(dist, name, counting(name))
+        if name in inner:
+            setattr(distributed_c10d, name, getattr(dist, name))
     try:
         yield counts
     finally:
         for name, fn in originals.items():
             setattr(dist, name, fn)
+        for name, fn in inner.items():
+            setattr(distributed_c10d, name, fn)
