@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from ._checks import checked, finite_number, positive_int, process_group_size
+from .devices import synchronize
 
 __all__ = ['combine', 'broadcast', 'reduce', 'send_and_receive', 'ring_reduce_scatter',
            'ring_all_gather', 'all_gather', 'reduce_scatter', 'naive_allreduce', 'ring_allreduce',
@@ -261,20 +262,24 @@ def bandwidths(size, seconds, n):
 def allreduce_timings(sizes, repeats=5, min_bytes=1 << 22, max_iters=50):
     """Time naive, ring and built-in allreduce of float32 `sizes` (bytes) on every rank.
 
-    Run it on every rank. The variants are interleaved so that background noise
+    Run it on every rank, on gloo (CPU tensors) or NCCL (tensors on the rank's current
+    GPU, which it must have bound with torch.cuda.set_device). The variants are interleaved so that background noise
     hits them alike; each measurement averages enough calls to move `min_bytes`
     (at most `max_iters`), is the slowest rank's time, and the best of
     `repeats` is kept. Returns a list of dicts (method, bytes, seconds).
     """
     process_group_size('allreduce_timings')
     positive_int(repeats, 'allreduce_timings: repeats')
+    # NCCL takes only tensors on this rank's GPU (the current one, bound before the group).
+    device = (torch.device('cuda', torch.cuda.current_device())
+              if dist.get_backend() == 'nccl' else torch.device('cpu'))
     methods = {'naive': naive_allreduce, 'ring': ring_allreduce, 'built-in': dist.all_reduce}
     results = []
     for size in sizes:
         if size % 4 or size <= 0:
             raise ValueError(f'allreduce_timings: sizes are bytes of float32, so positive '
                              f'multiples of 4; got {size!r}')
-        X = torch.zeros(size // 4)  # zeros stay zeros, however often they are summed
+        X = torch.zeros(size // 4, device=device)  # zeros stay zeros, however often summed
         iters = max(1, min(max_iters, math.ceil(min_bytes / size)))
         best = dict.fromkeys(methods, math.inf)
         for name, fn in methods.items():  # warm-up: connections, allocations
@@ -285,7 +290,9 @@ def allreduce_timings(sizes, repeats=5, min_bytes=1 << 22, max_iters=50):
                 start = time.perf_counter()
                 for _ in range(iters):
                     fn(X)
-                elapsed = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64)
+                synchronize(device)  # on a GPU the calls above only queued the work
+                elapsed = torch.tensor([(time.perf_counter() - start) / iters],
+                                       dtype=torch.float64, device=device)
                 dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
                 best[name] = min(best[name], elapsed.item())
         results.extend({'method': name, 'bytes': size, 'seconds': t} for name, t in best.items())

@@ -9,6 +9,7 @@ result, and a process started by neither is rank 0 of a world of size 1.
 """
 import contextlib
 import datetime
+import functools
 import json
 import logging
 import os
@@ -17,6 +18,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -208,6 +210,14 @@ def pick_backend(local_world_size=1, override=None):
     if (sys.platform.startswith('linux') and dist.is_nccl_available()
             and gpus >= local_world_size > 0):
         return 'nccl'
+    if 0 < gpus < local_world_size and 'SLURM_JOB_ID' in os.environ:
+        # Not the 1-GPU laptop case: under SLURM, a job that binds one GPU to each task
+        # (--gpus-per-task=1, --gpu-bind) shows each process only its own GPU.
+        warnings.warn(f'pick_backend: {local_world_size} processes on this node, but this '
+                      f'process sees {gpus} GPU(s), so the ranks use gloo on the CPU. Under '
+                      'SLURM with one GPU bound per task every task sees only its own GPU: ask '
+                      'for the node\'s GPUs without a per-task binding (--gpus-per-node=N), or '
+                      'set D2LPAR_BACKEND=gloo to choose the CPU on purpose.', stacklevel=2)
     return 'gloo'
 
 
@@ -340,6 +350,7 @@ def count_calls(names=('send', 'recv', 'isend', 'irecv', 'all_reduce')):
     inside = threading.local()  # torch's send calls its isend (2.15): count the outer call only
 
     def counting(name):
+        @functools.wraps(originals[name])  # its name too: P2POp's repr tells sends by it
         def call(tensor, *args, **kwargs):
             if getattr(inside, 'call', False):
                 return originals[name](tensor, *args, **kwargs)

@@ -886,6 +886,9 @@ def main(argv=None):
         print('note: the GPUs are in EXCLUSIVE_PROCESS compute mode: rows that put several '
               'processes on one GPU (notebook 2 on one GPU, device slots sharing a GPU) fail '
               'there; ask for the DEFAULT compute mode (nvidia-smi -c DEFAULT, as root)', flush=True)
+    # Stopped by `timeout` or a job scheduler: leave through the `finally`s, which end the row's
+    # processes and remove the scratch folder.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     logs.mkdir(parents=True, exist_ok=True)
     summary = logs / 'summary.tsv'
     summary.write_text('row\tresult\tseconds\n')
