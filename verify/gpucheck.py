@@ -170,7 +170,7 @@ def quick_rows(scratch):
 
     The estimates are for one H100 with 16 CPU cores, from the CPU timings of the same work
     (the test suite's per-notebook seconds, a torchrun start of about 10 s, inductor's
-    compile of a few kernels); they sum to about 7 minutes. `--budget` (default 480 s with
+    compile of a few kernels); they sum to 465 s, under 8 minutes. `--budget` (default 480 s with
     --quick) bounds the whole run: rows not started by then are reported NOT RUN.
     """
     one = functools.partial(Row, needs=1, quick=True, timeout=240)
