@@ -22,6 +22,7 @@ def _no_driver(monkeypatch):
         count=0, version=None, cuda=None, exclusive=False, summary='no NVIDIA GPU'))
 
 
+@pytest.mark.skipif(__import__('d2lpar').num_gpus() > 0, reason='with GPUs the rows would run')
 def test_on_a_machine_without_gpus_the_gpu_rows_are_skipped_and_the_table_printed(tmp_path):
     done = subprocess.run([sys.executable, gpucheck.__file__, '--rows', 'nccl,mask',
                            '--allow-cpu', '--logs', str(tmp_path)], capture_output=True,
@@ -169,7 +170,7 @@ def test_a_script_the_notebook_does_not_write_is_named_before_any_kernel_starts(
                            'notebooks/13_pipeline_parallel.ipynb', 'no_such.py', '--backend',
                            'gloo', '--device', 'cpu', '--scratch',
                            str(tmp_path / 's')], cwd=gpucheck.ROOT, capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=180)
     assert done.returncode != 0
     assert "no cell starting with '%%writefile {work}/no_such.py'" in done.stderr
 
@@ -288,7 +289,7 @@ def test_script_refuses_more_nccl_ranks_than_gpus_before_starting_a_kernel(tmp_p
     done = subprocess.run([sys.executable, gpucheck.__file__, 'script',
                            'notebooks/12_tensor_parallel.ipynb', 'tp_block.py', '--nproc',
                            str(num_gpus() + 1), '--scratch', str(tmp_path / 's')],
-                          cwd=gpucheck.ROOT, capture_output=True, text=True, timeout=60)
+                          cwd=gpucheck.ROOT, capture_output=True, text=True, timeout=180)
     assert done.returncode == 2 and 'needs one GPU per rank' in done.stderr
     assert not (tmp_path / 's').exists()
 
