@@ -47,8 +47,8 @@ labcheck: $(STAMP)  ## Run All in JupyterLab in headless Chromium, every noteboo
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check playwright
 	$(BIN)/python tests/labcheck.py $(LABCHECK_FLAGS)
 
-gpucheck: $(STAMP)  ## verify the course on a GPU machine: every notebook at full size, the GPU-only runs, one table (GPUCHECK_FLAGS="--rows 05,nccl")
-	$(BIN)/python tests/gpucheck.py $(GPUCHECK_FLAGS)
+gpucheck: $(STAMP)  ## verify the course on a GPU machine: every notebook at full size, the GPU-only runs, one table (GPUCHECK_FLAGS="--quick" or "--rows 05,nccl")
+	$(BIN)/python verify/gpucheck.py $(GPUCHECK_FLAGS)
 
 info: $(STAMP)  ## what this machine has: torch, CUDA, GPUs, backends
 	$(BIN)/python -m d2lpar info

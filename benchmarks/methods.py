@@ -100,10 +100,19 @@ def in_process(methods, steps, repeats):
     return best
 
 
+def data_parallel_processes(gpus, batch_size):
+    """Return the processes (or slots) to compare: one per GPU, at least 2, dividing the batch."""
+    # collectives_miniddp.py refuses a batch that does not split evenly: 3 GPUs and 256 -> 2.
+    return max((d for d in range(2, max(gpus, 2) + 1) if batch_size % d == 0), default=1)
+
+
 def main(quick=False, batch_size=256, lr=0.2):
     steps, repeats, num_batches = (5, 2, 5) if quick else (20, 3, 20)
     gpus = d2lpar.num_gpus()
-    k = gpus if gpus >= 2 else 2
+    k = data_parallel_processes(gpus, batch_size)
+    if k < gpus:
+        print(f'{gpus} GPUs, but a batch of {batch_size} splits evenly over {k} of them: '
+              f'the data-parallel rows use {k}', flush=True)
     torch.manual_seed(0)  # the same minibatches every run
     train_iter, _ = d2lpar.load_data_fashion_mnist(batch_size)
     batches = [b for _, b in zip(range(num_batches), train_iter)]

@@ -16,9 +16,10 @@ import torch
 import torch.distributed as dist
 
 from ._checks import checked, finite_number, positive_int, process_group_size
+from .devices import synchronize
 
-__all__ = ['combine', 'broadcast', 'reduce', 'ring_reduce_scatter', 'ring_all_gather',
-           'all_gather', 'reduce_scatter', 'naive_allreduce', 'ring_allreduce',
+__all__ = ['combine', 'broadcast', 'reduce', 'send_and_receive', 'ring_reduce_scatter',
+           'ring_all_gather', 'all_gather', 'reduce_scatter', 'naive_allreduce', 'ring_allreduce',
            'allreduce_cost', 'bandwidths', 'allreduce_timings']
 
 _OPS = (dist.ReduceOp.SUM, dist.ReduceOp.PRODUCT, dist.ReduceOp.MIN, dist.ReduceOp.MAX)
@@ -172,6 +173,19 @@ def reduce(tensor, dst, op=dist.ReduceOp.SUM):
     return tensor
 
 
+def send_and_receive(tensor, dst, received, src):
+    """Send `tensor` to rank `dst` while receiving `received` from rank `src`; wait for both."""
+    # One batch, not an isend and then a recv: NCCL may hold a send until the peer posts
+    # its receive, so two ranks that each send first can wait for each other forever
+    # (NCCL's docs: concurrent sends and receives must be grouped). batch_isend_irecv
+    # starts both as one NCCL group; gloo, which sends without waiting, runs them in turn.
+    requests = dist.batch_isend_irecv([dist.P2POp(dist.isend, tensor, dst),
+                                       dist.P2POp(dist.irecv, received, src)])
+    for request in requests:
+        request.wait()
+    return received
+
+
 @checked(_check_ring_reduce_scatter)
 def ring_reduce_scatter(blocks, op=dist.ReduceOp.SUM):
     """Combine `blocks` (one per rank) around a ring: rank r ends with block r's total."""
@@ -179,10 +193,7 @@ def ring_reduce_scatter(blocks, op=dist.ReduceOp.SUM):
     right, left = (rank + 1) % n, (rank - 1) % n
     for step in range(n - 1):
         send, recv = (rank - step - 1) % n, (rank - step - 2) % n
-        received = torch.empty_like(blocks[recv])
-        request = dist.isend(blocks[send], right)  # post the send, then receive meanwhile
-        dist.recv(received, left)
-        request.wait()
+        received = send_and_receive(blocks[send], right, torch.empty_like(blocks[recv]), left)
         combine(blocks[recv], received, op)
     return blocks
 
@@ -194,9 +205,7 @@ def ring_all_gather(blocks):
     right, left = (rank + 1) % n, (rank - 1) % n
     for step in range(n - 1):
         send, recv = (rank - step) % n, (rank - step - 1) % n
-        request = dist.isend(blocks[send], right)
-        dist.recv(blocks[recv], left)
-        request.wait()
+        send_and_receive(blocks[send], right, blocks[recv], left)
     return blocks
 
 
@@ -253,20 +262,24 @@ def bandwidths(size, seconds, n):
 def allreduce_timings(sizes, repeats=5, min_bytes=1 << 22, max_iters=50):
     """Time naive, ring and built-in allreduce of float32 `sizes` (bytes) on every rank.
 
-    Run it on every rank. The variants are interleaved so that background noise
+    Run it on every rank, on gloo (CPU tensors) or NCCL (tensors on the rank's current
+    GPU, which it must have bound with torch.cuda.set_device). The variants are interleaved so that background noise
     hits them alike; each measurement averages enough calls to move `min_bytes`
     (at most `max_iters`), is the slowest rank's time, and the best of
     `repeats` is kept. Returns a list of dicts (method, bytes, seconds).
     """
     process_group_size('allreduce_timings')
     positive_int(repeats, 'allreduce_timings: repeats')
+    # NCCL takes only tensors on this rank's GPU (the current one, bound before the group).
+    device = (torch.device('cuda', torch.cuda.current_device())
+              if dist.get_backend() == 'nccl' else torch.device('cpu'))
     methods = {'naive': naive_allreduce, 'ring': ring_allreduce, 'built-in': dist.all_reduce}
     results = []
     for size in sizes:
         if size % 4 or size <= 0:
             raise ValueError(f'allreduce_timings: sizes are bytes of float32, so positive '
                              f'multiples of 4; got {size!r}')
-        X = torch.zeros(size // 4)  # zeros stay zeros, however often they are summed
+        X = torch.zeros(size // 4, device=device)  # zeros stay zeros, however often summed
         iters = max(1, min(max_iters, math.ceil(min_bytes / size)))
         best = dict.fromkeys(methods, math.inf)
         for name, fn in methods.items():  # warm-up: connections, allocations
@@ -277,7 +290,9 @@ def allreduce_timings(sizes, repeats=5, min_bytes=1 << 22, max_iters=50):
                 start = time.perf_counter()
                 for _ in range(iters):
                     fn(X)
-                elapsed = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64)
+                synchronize(device)  # on a GPU the calls above only queued the work
+                elapsed = torch.tensor([(time.perf_counter() - start) / iters],
+                                       dtype=torch.float64, device=device)
                 dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
                 best[name] = min(best[name], elapsed.item())
         results.extend({'method': name, 'bytes': size, 'seconds': t} for name, t in best.items())

@@ -243,12 +243,18 @@ def profile_intervals(prof, names=('backward', 'autograd::engine::evaluate_funct
 
     With ProfilerActivity.CUDA every record_function range comes back twice: on the CPU
     and as a GPU-side `gpu_user_annotation` event of the same name. Only the CPU one counts.
+    On NCCL the CPU's `nccl:all_reduce` range is only the launch; the all-reduce itself is
+    a GPU kernel (ncclDevKernel_AllReduce_...), returned as 'nccl kernel' with its GPU times.
     """
     from torch.autograd import DeviceType
     found = []
     for event in prof.events():
         if event.device_type == DeviceType.CPU and event.name.startswith(tuple(names)):
             found.append((event.name, event.time_range.start, event.time_range.end,
+                          int(event.thread)))
+        elif (event.device_type == DeviceType.CUDA and event.name.startswith('nccl')
+              and 'Kernel' in event.name):
+            found.append(('nccl kernel', event.time_range.start, event.time_range.end,
                           int(event.thread)))
     return sorted(found, key=lambda e: e[1])
 
@@ -260,15 +266,19 @@ def overlap_report(intervals):
     record_function('step i') with the backward in record_function('backward').
     For each step: when the last gradient computation (autograd op) started and
     ended, when the first allreduce was launched, and how long the allreduce
-    work (gloo's or NCCL's threads) overlapped the gradient computations.
+    work (gloo's threads, or NCCL's kernels on the GPU) overlapped the gradient
+    computations.
     """
     steps = [e for e in intervals if e[0].startswith('step')]
     report = []
-    for name, start, end, _ in steps:
+    for k, (name, start, end, _) in enumerate(steps):
         inside = [e for e in intervals if start <= e[1] <= end]
         grads = [e for e in inside if e[0].startswith('autograd::engine')]
         launches = [e for e in inside if e[0] == 'c10d::allreduce_']
-        work = [e for e in inside if e[0] in ('gloo:all_reduce', 'nccl:all_reduce')]
+        # A GPU kernel may run after its step's CPU range ends: until the next step starts.
+        until = steps[k + 1][1] if k + 1 < len(steps) else float('inf')
+        work = ([e for e in intervals if e[0] == 'nccl kernel' and start <= e[1] < until]
+                or [e for e in inside if e[0] in ('gloo:all_reduce', 'nccl:all_reduce')])
         if not grads or not (launches or work):
             continue
         last_grad = max(grads, key=lambda e: e[1])
@@ -295,11 +305,11 @@ def plot_comm_timeline(intervals, path=None, title='one DDP step, rank 0'):
     ax.broken_barh(spans('backward'), (-0.35, 0.7), color='lightgray')
     ax.broken_barh(spans('autograd::engine'), (0.65, 0.7), color='tab:blue')
     ax.broken_barh(spans('c10d::allreduce_'), (1.65, 0.7), color='tab:orange')
-    work = spans(('gloo:all_reduce', 'nccl:all_reduce'))
+    work = spans('nccl kernel') or spans(('gloo:all_reduce', 'nccl:all_reduce'))
     for i, span in enumerate(work):  # one thin lane per bucket: they overlap each other
         ax.broken_barh([span], (2.65 + 0.7 * i / len(work), 0.7 / len(work)), color='tab:red')
     ax.set_yticks(range(4), ['backward()', 'gradients (autograd)', 'allreduce launched',
-                             'allreduce work (gloo/NCCL)'])
+                             'allreduce work (gloo / NCCL kernel)'])
     ax.set_xlabel('time since the step began (ms)')
     ax.set_title(title)
     ax.invert_yaxis()

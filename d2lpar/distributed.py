@@ -9,13 +9,16 @@ result, and a process started by neither is rank 0 of a world of size 1.
 """
 import contextlib
 import datetime
+import functools
 import json
 import logging
 import os
 import re
 import sys
 import tempfile
+import threading
 import time
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -207,6 +210,14 @@ def pick_backend(local_world_size=1, override=None):
     if (sys.platform.startswith('linux') and dist.is_nccl_available()
             and gpus >= local_world_size > 0):
         return 'nccl'
+    if 0 < gpus < local_world_size and 'SLURM_JOB_ID' in os.environ:
+        # Not the 1-GPU laptop case: under SLURM, a job that binds one GPU to each task
+        # (--gpus-per-task=1, --gpu-bind) shows each process only its own GPU.
+        warnings.warn(f'pick_backend: {local_world_size} processes on this node, but this '
+                      f'process sees {gpus} GPU(s), so the ranks use gloo on the CPU. Under '
+                      'SLURM with one GPU bound per task every task sees only its own GPU: ask '
+                      'for the node\'s GPUs without a per-task binding (--gpus-per-node=N), or '
+                      'set D2LPAR_BACKEND=gloo to choose the CPU on purpose.', stacklevel=2)
     return 'gloo'
 
 
@@ -323,24 +334,43 @@ def count_calls(names=('send', 'recv', 'isend', 'irecv', 'all_reduce')):
     first argument (the tensor sent, received or reduced). The functions are
     wrapped in the torch.distributed module for the duration of the block, so
     every call written `dist.<name>(...)` is counted (the hand-written
-    collectives, MiniDDP); calls that C++ code makes directly, such as DDP's,
+    collectives, MiniDDP), and so is each isend and irecv of a
+    `dist.batch_isend_irecv`; calls that C++ code makes directly, such as DDP's,
     are not.
     """
     import torch.distributed as dist
+    from torch.distributed import distributed_c10d
     counts = {name: {'calls': 0, 'bytes': 0} for name in names}
     originals = {name: getattr(dist, name) for name in names}
+    # P2POp accepts only an op that `is` distributed_c10d's isend or irecv, and
+    # batch_isend_irecv tells them apart the same way: wrap them there too.
+    inner = {name: getattr(distributed_c10d, name) for name in names
+             if getattr(distributed_c10d, name, None) is originals[name]}
+
+    inside = threading.local()  # torch's send calls its isend (2.15): count the outer call only
 
     def counting(name):
+        @functools.wraps(originals[name])  # its name too: P2POp's repr tells sends by it
         def call(tensor, *args, **kwargs):
+            if getattr(inside, 'call', False):
+                return originals[name](tensor, *args, **kwargs)
             counts[name]['calls'] += 1
             counts[name]['bytes'] += tensor.numel() * tensor.element_size()
-            return originals[name](tensor, *args, **kwargs)
+            inside.call = True
+            try:
+                return originals[name](tensor, *args, **kwargs)
+            finally:
+                inside.call = False
         return call
 
     for name in names:
         setattr(dist, name, counting(name))
+        if name in inner:
+            setattr(distributed_c10d, name, getattr(dist, name))
     try:
         yield counts
     finally:
         for name, fn in originals.items():
             setattr(dist, name, fn)
+        for name, fn in inner.items():
+            setattr(distributed_c10d, name, fn)

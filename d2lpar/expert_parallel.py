@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._checks import checked, finite_number, positive_int, process_group_size
+from .collectives import send_and_receive
 
 __all__ = ['pairwise_all_to_all', 'all_to_all_cost', 'AllToAll', 'route', 'expert_capacity',
            'load_balancing_loss', 'MoE', 'ExpertParallelMoE']
@@ -86,9 +87,7 @@ def pairwise_all_to_all(output_list, input_list):
     output_list[rank].copy_(input_list[rank])  # what a rank sends itself never leaves it
     for step in range(1, n):  # step s: send s ranks ahead, receive from s ranks behind
         dst, src = (rank + step) % n, (rank - step) % n
-        request = dist.isend(input_list[dst], dst)  # post the send, then receive meanwhile
-        dist.recv(output_list[src], src)
-        request.wait()
+        send_and_receive(input_list[dst], dst, output_list[src], src)  # notebook 9's, batched
     return output_list
 
 

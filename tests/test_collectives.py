@@ -107,7 +107,9 @@ def _check_layouts_and_traffic(rank, n):
     received = lambda c: c['recv']['bytes'] + c['irecv']['bytes']  # noqa: E731
     assert sent(naive) == ((n - 1) * S if rank == 0 else S) == received(naive)
     assert sent(ring) == 2 * (n - 1) * S // n == received(ring)
-    assert ring['isend']['calls'] == ring['recv']['calls'] == 2 * (n - 1)
+    # each ring step is one batch of an isend and an irecv (send_and_receive)
+    assert ring['isend']['calls'] == ring['irecv']['calls'] == 2 * (n - 1)
+    assert ring['send']['calls'] == ring['recv']['calls'] == 0
     # The cost model charges what the code pays: rank 0 of the naive allreduce receives, then
     # sends, one message at a time (2(n-1) latencies, 2(n-1)S bytes over its link); a ring step
     # sends and receives at once (2(n-1) latencies, 2(n-1)S/n bytes).

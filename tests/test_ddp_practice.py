@@ -362,3 +362,25 @@ def test_inductor_works_reports_a_missing_compiler_or_header(monkeypatch, tmp_pa
     monkeypatch.setattr(ddp_practice.subprocess, 'run', lambda argv, **kw: (
         subprocess.CompletedProcess(argv, 0, 'inductor works\n', '')))
     assert ddp_practice.inductor_works() == (True, '')
+
+
+def test_on_nccl_the_allreduce_work_is_the_gpu_kernel_not_the_cpu_launch():
+    # issue 34: on NCCL the CPU's nccl:all_reduce range only launches the kernel; the
+    # all-reduce runs on the GPU, possibly after the step's CPU range has ended.
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+    cpu = [('step 0', 0, 100), ('autograd::engine::evaluate_function: A', 10, 20),
+           ('c10d::allreduce_', 21, 22), ('nccl:all_reduce', 22, 23),
+           ('autograd::engine::evaluate_function: B', 30, 50), ('step 1', 200, 300)]
+    events = [FunctionEvent(i, name, thread=1, start_us=a, end_us=b)
+              for i, (name, a, b) in enumerate(cpu)]
+    events.append(FunctionEvent(10, 'ncclDevKernel_AllReduce_Sum_f32_RING_LL', thread=7,
+                                start_us=40, end_us=140, device_type=DeviceType.CUDA))
+    events.append(FunctionEvent(11, 'volta_sgemm_128x64_nn', thread=7, start_us=30,
+                                end_us=45, device_type=DeviceType.CUDA))  # not NCCL: left out
+    intervals = ddp_practice.profile_intervals(FakeProfile(events))
+    assert ('nccl kernel', 40, 140, 7) in intervals
+    assert not any(e[0].startswith('volta') for e in intervals)
+    (step,) = ddp_practice.overlap_report(intervals)  # step 1 has no gradients: skipped
+    assert step['work_overlap_us'] == 10  # the kernel (40-140) during the gradients (until 50)
+    assert step['first_launch'] == 21 and step['allreduces'] == 1

@@ -1,4 +1,5 @@
-"""make gpucheck's runner: rows chosen by name, GPU rows skipped here, failures and timeouts."""
+"""make gpucheck's runner (verify/gpucheck.py): the driver asked before any row, rows chosen by
+name, GPU rows skipped here, failures and timeouts, and every check function fed wrong numbers."""
 import copy
 import json
 import os
@@ -9,26 +10,39 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / 'verify'))
 import gpucheck  # noqa: E402
 
 from d2lpar.processes import launched_processes  # noqa: E402
 
 
+def _no_driver(monkeypatch):
+    """This machine as gpucheck sees it when no NVIDIA driver is installed."""
+    monkeypatch.setattr(gpucheck, 'driver_gpus', lambda: dict(
+        count=0, version=None, cuda=None, exclusive=False, summary='no NVIDIA GPU'))
+
+
+@pytest.mark.skipif(__import__('d2lpar').num_gpus() > 0, reason='with GPUs the rows would run')
 def test_on_a_machine_without_gpus_the_gpu_rows_are_skipped_and_the_table_printed(tmp_path):
     done = subprocess.run([sys.executable, gpucheck.__file__, '--rows', 'nccl,mask',
-                           '--logs', str(tmp_path)], capture_output=True, text=True, timeout=300)
+                           '--allow-cpu', '--logs', str(tmp_path)], capture_output=True,
+                          text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert any(line.startswith('torch ') and 'CUDA' in line for line in lines)  # GPU facts
-    chosen = [row for row in gpucheck.rows(tmp_path) if 'nccl' in row.name or 'mask' in row.name]
-    skipped = [line for line in lines if 'SKIPPED (needs 2 GPUs)' in line]
+    chosen = [row for row in gpucheck.rows(tmp_path) if not row.quick and (
+        'nccl' in row.name or 'mask' in row.name)]
+    # Each verdict printed as the row finished ([k/N] ...), then the table.
+    progress = [line for line in lines if line.startswith('[')]
+    assert len(progress) == len(chosen) and all('SKIPPED' in line for line in progress)
+    skipped = [line for line in lines if 'SKIPPED (needs 2 GPUs)' in line and line[0] != '[']
     assert len(skipped) == sum(row.needs == 2 for row in chosen) > 10
     assert any('nccl restart' in line for line in skipped)
     assert any('tp_block.py' in line for line in skipped)
-    assert [line for line in lines if 'SKIPPED (needs 8 GPUs)' in line][0].startswith(
+    assert [line for line in lines if 'SKIPPED (needs 8 GPUs)' in line][-1].startswith(
         'nccl 13_pipeline_parallel parallel_3d.py')
-    assert lines[-1] == f'0 passed, 0 failed, {len(chosen)} skipped'
+    assert lines[-1].startswith(f'0 passed, 0 failed, {len(chosen)} skipped or not run')
+    assert len((tmp_path / 'summary.tsv').read_text().splitlines()) == len(chosen) + 1
 
 
 def test_rows_that_pass_fail_or_hang_give_the_right_table_and_exit_status(tmp_path, monkeypatch,
@@ -41,8 +55,9 @@ def test_rows_that_pass_fail_or_hang_give_the_right_table_and_exit_status(tmp_pa
             gpucheck.Row('hangs', argv=[sys.executable, '-c', hang], timeout=3),
             gpucheck.Row('needs eight', needs=8, argv=[sys.executable, '-c', 'pass'])]
     monkeypatch.setattr(gpucheck, 'rows', lambda scratch: fake)
+    _no_driver(monkeypatch)
     start = time.monotonic()
-    assert gpucheck.main(['--logs', str(tmp_path / 'logs')]) == 1
+    assert gpucheck.main(['--allow-cpu', '--logs', str(tmp_path / 'logs')]) == 1
     out = capsys.readouterr().out.splitlines()
     assert time.monotonic() - start < 60
     table = {line.split()[0]: line for line in out if line.split() and line.split()[0] in
@@ -51,7 +66,7 @@ def test_rows_that_pass_fail_or_hang_give_the_right_table_and_exit_status(tmp_pa
     assert 'FAIL (exit 1: broken' in table['fails']
     assert 'FAIL (timed out after 3 s' in table['hangs']
     assert table['needs'].endswith('SKIPPED (needs 8 GPUs)')
-    assert out[-1] == '1 passed, 2 failed, 1 skipped'
+    assert out[-1].startswith('1 passed, 2 failed, 1 skipped or not run')
     # The hung row's whole process tree is gone, not only its first process.
     pid = int(marker.read_text())
     assert not Path(f'/proc/{pid}').exists() or 'Z' in Path(f'/proc/{pid}/stat').read_text().split()[2]
@@ -127,8 +142,8 @@ def test_a_notebook_script_row_writes_the_script_as_the_notebook_does_and_checks
 
 def test_the_other_script_checks_catch_their_classic_bugs():
     good_tp = {'out': 1e-7, 'x_grad': 1e-7, 'grads': 1e-7}
-    tp_block = {0: {'megatron': dict(good_tp, calls={'all_reduce': [4, 1024]}),
-                    'sp': dict(good_tp, partial=0.5), 'overlap_equal': True}}
+    tp_block = {r: {'megatron': dict(good_tp, calls={'all_reduce': [4, 1024]}),
+                    'sp': dict(good_tp, partial=0.5), 'overlap_equal': True} for r in (0, 1)}
     gpucheck._check_tp_block(tp_block, [])
     for edit, message in [(lambda r: r['megatron'].update(grads=0.3), 'megatron differs'),
                           (lambda r: r['sp'].update(partial=0.0), 'before the sum'),
@@ -152,9 +167,10 @@ def test_the_other_script_checks_catch_their_classic_bugs():
 
 def test_a_script_the_notebook_does_not_write_is_named_before_any_kernel_starts(tmp_path):
     done = subprocess.run([sys.executable, gpucheck.__file__, 'script',
-                           'notebooks/13_pipeline_parallel.ipynb', 'no_such.py', '--scratch',
+                           'notebooks/13_pipeline_parallel.ipynb', 'no_such.py', '--backend',
+                           'gloo', '--device', 'cpu', '--scratch',
                            str(tmp_path / 's')], cwd=gpucheck.ROOT, capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=180)
     assert done.returncode != 0
     assert "no cell starting with '%%writefile {work}/no_such.py'" in done.stderr
 
@@ -193,3 +209,298 @@ def test_a_script_row_ended_midway_leaves_no_rank_behind(tmp_path):
         time.sleep(0.2)
     assert not [pid for pid in pids if Path(f'/proc/{pid}').exists()
                 and 'Z' not in Path(f'/proc/{pid}/stat').read_text().split()[2]]
+
+
+# --- The driver is asked before any row: a GPU torch cannot use fails loudly, with the fix ---
+
+FAKE_SMI = '''#!/bin/sh
+case "$1" in
+  -L) echo "GPU 0: Tesla T4 (UUID: GPU-1)"; echo "GPU 1: Tesla T4 (UUID: GPU-2)";;
+  --query-gpu=compute_mode) echo Default; echo Default;;
+  --query-gpu=*) echo 535.104.05; echo 535.104.05;;
+  *) echo "| NVIDIA-SMI 535.104.05   Driver Version: 535.104.05   CUDA Version: 12.2 |";;
+esac
+'''
+
+
+def _fake_driver(tmp_path):
+    """A PATH whose nvidia-smi says what a hosted 2x T4 machine with a CUDA 12.2 driver says."""
+    bin_dir = tmp_path / 'bin'
+    bin_dir.mkdir(exist_ok=True)
+    smi = bin_dir / 'nvidia-smi'
+    smi.write_text(FAKE_SMI)
+    smi.chmod(0o755)
+    return dict(os.environ, PATH=f'{bin_dir}{os.pathsep}{os.environ["PATH"]}')
+
+
+def test_the_driver_is_read_from_nvidia_smi_and_proc(tmp_path, monkeypatch):
+    monkeypatch.setenv('PATH', _fake_driver(tmp_path)['PATH'])
+    found = gpucheck.driver_gpus(proc=tmp_path / 'no-proc')
+    assert (found['count'], found['version'], found['cuda'], found['exclusive']) == (
+        2, '535.104.05', '12.2', False)
+    proc = tmp_path / 'proc-gpus'  # /proc/driver/nvidia/gpus: a folder per GPU
+    for bus in ('0000:17:00.0', '0000:65:00.0', '0000:ca:00.0'):
+        (proc / bus).mkdir(parents=True)
+    monkeypatch.setenv('PATH', str(tmp_path / 'empty'))  # no nvidia-smi at all
+    assert gpucheck.driver_gpus(proc=proc)['count'] == 3
+
+
+def test_gpus_the_driver_lists_but_torch_cannot_use_stop_gpucheck_with_the_reason_and_the_fix(
+        tmp_path):
+    """The hosted-T4 case: the driver runs CUDA 12.2, this torch needs a newer CUDA (or is a
+    CPU build); here torch finds no GPU, exactly as it would there. Even --allow-cpu must not
+    turn that into a green table."""
+    import torch
+    from d2lpar import num_gpus
+    if num_gpus():
+        pytest.skip('torch can use a GPU here: nothing to mock')
+    for flags in ([], ['--allow-cpu']):
+        done = subprocess.run([sys.executable, gpucheck.__file__, '--quick', *flags,
+                               '--logs', str(tmp_path / 'logs')], env=_fake_driver(tmp_path),
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert 'lists 2 GPU(s)' in done.stderr and 'can use none' in done.stderr
+        assert 'runs CUDA up to 12.2' in done.stderr and 'Fix' in done.stderr
+        if torch.version.cuda:  # this torch: built for a CUDA the fake driver is too old for
+            assert f'built for CUDA {torch.version.cuda}' in done.stderr
+        else:
+            assert 'CPU-only build' in done.stderr
+        assert not (tmp_path / 'logs').exists()  # no row ran
+
+
+def test_preflight_names_each_reason_and_lets_only_usable_gpus_or_an_explicit_cpu_run_pass():
+    t4 = dict(count=2, version='535.104.05', cuda='12.2', exclusive=False)
+    none = dict(count=0, version=None, cuda=None, exclusive=False)
+    assert gpucheck.preflight(t4, 2, '12.1', '2.15.0', None, False) == (0, None)
+    status, message = gpucheck.preflight(t4, 0, '13.2', '2.15.0+cu132', None, False)
+    assert status == 2 and 'built for CUDA 13.2' in message and 'up to 12.2' in message
+    assert 'cannot start' in message and 'CUDA 12.2 or older' in message
+    status, message = gpucheck.preflight(t4, 0, None, '2.15.0+cpu', None, True)
+    assert status == 2 and 'CPU-only build' in message
+    status, message = gpucheck.preflight(t4, 0, '12.1', '2.15.0', '', False)
+    assert status == 2 and "CUDA_VISIBLE_DEVICES=''" in message
+    assert gpucheck.preflight(none, 0, '13.2', '2.15.0', None, False)[0] == 3
+    status, message = gpucheck.preflight(none, 0, '13.2', '2.15.0', None, True)
+    assert status == 0 and 'verify no GPU path' in message
+
+
+def test_script_refuses_more_nccl_ranks_than_gpus_before_starting_a_kernel(tmp_path):
+    from d2lpar import num_gpus
+    done = subprocess.run([sys.executable, gpucheck.__file__, 'script',
+                           'notebooks/12_tensor_parallel.ipynb', 'tp_block.py', '--nproc',
+                           str(num_gpus() + 1), '--scratch', str(tmp_path / 's')],
+                          cwd=gpucheck.ROOT, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 2 and 'needs one GPU per rank' in done.stderr
+    assert not (tmp_path / 's').exists()
+
+
+# --- Rows that check numbers: the runner hands the ranks' results to the row's check ---
+
+def test_a_row_that_exits_0_with_wrong_numbers_fails(tmp_path, monkeypatch, capsys):
+    emit = ('from d2lpar.distributed import emit_result; '
+            'emit_result(rank=0, total={})')
+    fake = [gpucheck.Row('right', argv=[sys.executable, '-c', emit.format(1.0)],
+                         check=gpucheck.functools.partial(gpucheck._check_hello, nproc=1),
+                         env={'NCCL_DEBUG': 'INFO'}),
+            gpucheck.Row('wrong', argv=[sys.executable, '-c', emit.format(2.0)],
+                         check=gpucheck.functools.partial(gpucheck._check_hello, nproc=1)),
+            gpucheck.Row('silent', argv=[sys.executable, '-c', 'pass'],
+                         check=gpucheck.functools.partial(gpucheck._check_hello, nproc=1))]
+    fake[0].argv[-1] += '; print("host:1:1 [0] NCCL INFO Bootstrap")'
+    monkeypatch.setattr(gpucheck, 'rows', lambda scratch: fake)
+    _no_driver(monkeypatch)
+    assert gpucheck.main(['--allow-cpu', '--logs', str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    table = {line.split()[0]: line for line in out.splitlines()
+             if line.split() and line.split()[0] in ('right', 'wrong', 'silent')}
+    assert table['right'].endswith('PASS')
+    assert 'check failed: rank 0: all_reduce gave 2.0, not 1' in table['wrong']
+    assert "check failed: 'total' from ranks [], expected 0-0" in table['silent']
+
+
+def test_the_runner_sets_offline_data_and_a_free_port(tmp_path, monkeypatch, capsys):
+    show = ('import os, sys; print("offline", os.environ.get("D2LPAR_OFFLINE"), '
+            '"small", os.environ.get("D2LPAR_SMALL"), "port", sys.argv[1])')
+    monkeypatch.setenv('D2LPAR_SMALL', '1')  # the test suite's: not a full-size row's
+    fake = [gpucheck.Row('env', argv=[sys.executable, '-c', show, f'{gpucheck.PORT}'])]
+    monkeypatch.setattr(gpucheck, 'rows', lambda scratch: fake)
+    _no_driver(monkeypatch)
+    assert gpucheck.main(['--allow-cpu', '--logs', str(tmp_path)]) == 0
+    words = (tmp_path / 'env.log').read_text().split()
+    assert words[:4] == ['offline', '1', 'small', 'None']
+    assert words[5].isdigit() and int(words[5]) != 29500
+
+
+def test_every_gpu_row_checks_numbers_and_the_quick_rows_fit_one_gpu_in_8_minutes(tmp_path):
+    table = gpucheck.rows(tmp_path)
+    for row in table:
+        if row.notebook is not None:
+            continue  # the notebook's own asserts
+        script = row.argv[row.argv.index('script') + 2] if 'script' in row.argv else None
+        assert row.check is not None or script in gpucheck.CHECKS, row.name
+    quick = [row for row in table if row.quick]
+    assert all(row.needs == 1 and row.name.startswith('quick: ') for row in quick)
+    assert sum(row.estimate for row in quick) < 8 * 60  # estimates, stated as such
+    covered = ' '.join(row.name for row in quick)
+    for part in ('ddp', 'SyncBatchNorm', 'inductor', 'profiler', 'mini-DDP', 'context_parallel',
+                 'train_zero', 'train_fsdp2', 'tp_block', 'tp_dtensor', '01_single_device',
+                 '08_lenet'):
+        assert part in covered, part
+    assert 'nccl' in ' '.join(str(a) for row in quick for a in row.argv)
+
+
+# --- Each check function, fed right numbers and then the classic wrong ones ---
+
+def _fails(check, records, message, *args, **kwargs):
+    with pytest.raises(gpucheck.CheckFailed, match=message):
+        check(records, *args, **kwargs)
+
+
+def _ddp_records(nproc=2):
+    """What ddp_torchrun.py's ranks hand back when DDP is right: one process's numbers."""
+    init, final, losses = gpucheck._one_process_ddp(4)
+    return [dict(rank=r, backend='nccl', init=init if r == 0 else [x + 1 for x in init],
+                 synced=init, final=final, losses=dict(losses), replica_gap=0.0)
+            for r in range(nproc)]
+
+
+def test_the_ddp_and_restart_checks_compare_with_one_process():
+    check = gpucheck.functools.partial(gpucheck._check_ddp, log='', nproc=2, epochs=4)
+    check(_ddp_records())
+    for edit, message in [
+            (lambda rs: rs[0].update(backend='gloo'), 'ran on gloo'),
+            (lambda rs: [r.update(final=[x * 1.01 for x in r['final']]) for r in rs],
+             'differ from one process'),  # e.g. gradients summed, not averaged
+            (lambda rs: rs[1].update(replica_gap=1e-7), 'replicas differ'),
+            (lambda rs: rs[1].update(synced=rs[1]['init']), "rank 0's parameters"),
+            (lambda rs: rs.pop(), r"from ranks \[0\]"),
+            (lambda rs: [r['losses'].update({'3': r['losses']['3'] + 1e-3}) for r in rs],
+             'losses')]:
+        records = _ddp_records()
+        edit(records)
+        _fails(check, records, message)
+    restart = gpucheck.functools.partial(gpucheck._check_restart, nproc=2, epochs=4, fail_at=1)
+    done = [dict(r, attempt=1, first_epoch=1) for r in _ddp_records()]
+    log = 'rank 0: killed at the end of epoch 2\n'
+    restart(done + [dict(rank=0, gloo_threads_after_destroy=[])], log)
+    _fails(restart, done, 'never killed', '')
+    _fails(restart, [dict(r, first_epoch=0) for r in done], 'resumed at epochs', log)
+    _fails(restart, [dict(r, attempt=0) for r in done], '2nd attempt', log)
+
+
+def test_the_syncbatchnorm_check_wants_the_global_batch_statistics():
+    import torch
+    g = torch.Generator().manual_seed(0)
+    X = (torch.randn(8, 4, generator=g) * 3 + 1).tolist()
+    Y = gpucheck._batchnorm(X)
+
+    def records(syncbn_rows):
+        return [dict(rank=r, backend='nccl', X=X[4 * r:4 * r + 4], Y=Y[4 * r:4 * r + 4],
+                     syncbn={'Y': syncbn_rows[4 * r:4 * r + 4]}, converted=['Linear', 'SyncBatchNorm'],
+                     unused_error='Expected to have finished reduction', unused_error_with_find=None)
+                for r in range(2)]
+
+    gpucheck._check_anatomy(records(Y), '', nproc=2)
+    local = gpucheck._batchnorm(X[:4]) + gpucheck._batchnorm(X[4:])  # each rank's own batch
+    _fails(gpucheck._check_anatomy, records(local), 'nn.SyncBatchNorm differs', '', nproc=2)
+    broken = records(Y)
+    broken[1]['syncbn'] = {'error': 'ValueError: SyncBatchNorm expected input tensor on GPU'}
+    _fails(gpucheck._check_anatomy, broken, 'nn.SyncBatchNorm failed', '', nproc=2)
+
+
+def _practice_records(trace):
+    """What ddp_practice.py's ranks hand back on two GPUs when every part is right."""
+    records = []
+    for rank in range(2):
+        records += [
+            dict(rank=rank, part='accumulate', k=4, buckets=2, calls_no_sync=2, calls_every=8,
+                 diff_vs_reference=1e-8, diff_vs_big_batch=1e-8, diff_every_vs_reference=1e-8,
+                 moved=0.05),
+            dict(rank=rank, part='amp', dtype='torch.float16', out_dtype='torch.float16',
+                 loss_dtype='torch.float32', grad_dtype='torch.float32', loss32=1.386,
+                 loss16=1.387, grad_rel_err=0.002, hook='fp16_compress_hook', steps=20,
+                 plain_bytes=2 * 20 * 4 * 100, compressed_bytes=20 * 4 * 100, calls=20,
+                 compressed_calls=20, params=100, diff_compressed=1e-4, diff_mixed=2e-4,
+                 moved=0.1),
+            dict(rank=rank, part='join', counts=[3, 5], steps=3 + 2 * rank, diff=1e-8, moved=0.1),
+            dict(rank=rank, part='evaluate', n=101, correct=40, total=101, single_correct=40),
+            dict(rank=rank, part='profile', trace=str(trace), steps=3, report=[
+                dict(allreduces=6, first_launch=1.0, last_grad_start=2.0)] * 3),
+            dict(rank=rank, part='loader', pinned=True, param_device=f'cuda:{rank}'),
+            dict(rank=rank, part='compile', backend='inductor', graphs_with_optimizer=[1, 1, 1, 1],
+                 graphs_without=[4], graphs=4, layers=4, out_diff=1e-6, grad_diff=1e-6),
+            dict(rank=rank, part='done', backend='nccl')]
+    return records
+
+
+def test_the_ddp_practice_check_catches_each_parts_wrong_numbers(tmp_path):
+    trace = tmp_path / 'trace.json'
+    trace.write_text('{}')
+    check = gpucheck.functools.partial(gpucheck._check_practice, log='', nproc=2)
+    check(_practice_records(trace))
+    for part, change, message in [
+            ('amp', dict(out_dtype='torch.bfloat16'), 'not float16'),
+            ('amp', dict(compressed_bytes=2 * 20 * 4 * 100), 'compression hook'),
+            ('amp', dict(diff_mixed=0.5), 'drifted'),
+            ('amp', dict(grad_rel_err=0.0), 'gradient error'),  # not really 16 bits
+            ('accumulate', dict(calls_no_sync=8), 'no_sync allreduce counts'),
+            ('compile', dict(grad_diff=0.1), 'inductor differs'),
+            ('compile', dict(graphs_with_optimizer=[4]), 'compiled graphs'),
+            ('join', dict(diff=1e-3), 'join trained'),
+            ('evaluate', dict(total=102), 'accuracy'),  # the padded duplicate counted
+            ('profile', dict(report=[dict(allreduces=6, first_launch=3.0, last_grad_start=2.0)] * 3),
+             'no overlapped'),
+            ('loader', dict(param_device='cpu'), 'parameters on cpu'),
+            ('done', dict(backend='gloo'), 'not on nccl')]:
+        records = _practice_records(trace)
+        next(r for r in records if r['part'] == part and r['rank'] == 1).update(change)
+        _fails(check, records, message)
+    _fails(check, [r for r in _practice_records(trace) if r['part'] != 'compile'], 'compile')
+
+
+def test_the_other_row_checks_catch_wrong_numbers():
+    log = '\n'.join(f'epoch {e}: loss {1 - e / 10:.4f} (2 processes, nccl)' for e in range(3))
+    gpucheck._check_standalone([], log, nproc=2, epochs=3)
+    _fails(gpucheck._check_standalone, [], 'ran as', log.replace('nccl', 'gloo'), nproc=2,
+           epochs=3)
+    _fails(gpucheck._check_standalone, [], 'epochs printed', log.split('\n', 1)[1], nproc=2,
+           epochs=3)
+    _fails(gpucheck._check_standalone, [], 'did not go down', log.replace('loss 0.8', 'loss 1.8'),
+           nproc=2, epochs=3)
+
+    def miniddp(**change):
+        r = [dict(rank=k, backend='nccl', device=f'cuda:{k}', param_tensors=4,
+                  max_diff={n: 1e-7 for n in ('DDP', 'HookDDP', 'B 0.25', 'B inf', 'O 0.25', 'O inf')},
+                  max_diff_single={'DDP': 1e-7}, allreduce_calls={'HookDDP': 4, 'B 0.25': 2},
+                  buckets={'HookDDP': [], 'B 0.25': [[0, 1], [2, 3]]}) for k in range(2)]
+        r[1].update(change)
+        return r
+    gpucheck._check_miniddp(miniddp(), '', nproc=2)
+    _fails(gpucheck._check_miniddp, miniddp(max_diff_single={'DDP': 1e-3}), 'differences', '',
+           nproc=2)
+    _fails(gpucheck._check_miniddp, miniddp(allreduce_calls={'HookDDP': 8}), 'HookDDP made 8', '',
+           nproc=2)
+    _fails(gpucheck._check_miniddp, miniddp(device='cpu', backend='gloo'), 'ran on gloo', '',
+           nproc=2)
+
+    def cp(**change):
+        r = [dict(rank=k, supported=True, device=f'cuda:{k}', errors=[1e-6] * 4) for k in range(2)]
+        r[0].update(change)
+        return r
+    gpucheck._check_context_parallel(cp(), '', nproc=2)
+    _fails(gpucheck._check_context_parallel, cp(supported=False, message='no rule for '
+           'aten._scaled_dot_product_flash_attention'), 'not supported', '', nproc=2)
+    _fails(gpucheck._check_context_parallel, cp(errors=[1e-6, 1e-6, 0.3, 1e-6]),
+           'full attention', '', nproc=2)
+    _fails(gpucheck._check_flight_recorder, [], 'stuck', 'rank 0: all_reduce completed')
+    gpucheck._check_pytest_ran([], '3 passed in 4.1s')
+    _fails(gpucheck._check_pytest_ran, [], 'no test ran', '5 skipped in 0.1s')
+    zero = {0: dict(max_diff={'RingDDP': 1e-7, 'Zero1': 1e-7, 'Zero2': 1e-7, 'Zero3': 1e-7},
+                    grad_diff={'Zero2': 1e-7})}
+    gpucheck._check_train_zero(zero, [])
+    zero[0]['grad_diff']['Zero2'] = 0.5  # a gradient shard summed, not averaged
+    _fails(gpucheck._check_train_zero, zero, 'differs from one process', [])
+    fsdp = {0: dict(max_diff={'fsdp2': 1e-7}, avg_vs_sum=0)}
+    gpucheck._check_train_fsdp2(fsdp, [])
+    fsdp[0]['avg_vs_sum'] = 1e-3  # the reduce op's AVG off from SUM / n
+    _fails(gpucheck._check_train_fsdp2, fsdp, 'AVG vs SUM', [])

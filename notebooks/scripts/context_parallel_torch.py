@@ -8,7 +8,8 @@ each buffer along the sequence (in the head-tail, that is zig-zag, order) and
 rank compares its output and gradients with full attention in one process.
 With 2+ GPUs the ranks use NCCL and a GPU each; otherwise gloo and the CPU,
 where torch has no context-parallel rule for its CPU attention kernel: the
-rank then reports the error it got instead of a result.
+rank then reports the error it got instead of a result. On GPUs (NCCL) such an
+error is a failure: the script exits with status 1.
 """
 import torch
 import torch.distributed as dist
@@ -23,7 +24,8 @@ from d2lpar.distributed import (default_timeout, dist_env, emit_result, pick_bac
 env = dist_env()
 backend = pick_backend(env.local_world_size)
 device = rank_device(backend, env.local_rank)
-dist.init_process_group(backend, timeout=default_timeout())
+dist.init_process_group(backend, timeout=default_timeout(),
+                        device_id=device if device.type == 'cuda' else None)
 rank, n = dist.get_rank(), dist.get_world_size()
 mesh = init_device_mesh(device.type, (n,))
 torch.backends.cuda.matmul.allow_tf32 = False  # float32 as written, on any GPU
@@ -58,3 +60,5 @@ except NotImplementedError as e:  # no context-parallel rule for this device's a
     print(f'rank {rank}: context_parallel is not supported here: {report["message"]}')
 emit_result(report)
 dist.destroy_process_group()
+if backend == 'nccl' and not report['supported']:  # on GPUs torch has the rule: a failure
+    raise SystemExit(f'rank {rank}: context_parallel failed on {device}')

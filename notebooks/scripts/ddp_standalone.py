@@ -20,8 +20,8 @@ def main():
     parser.add_argument('--batch-size', type=int, default=32, help='per process')
     parser.add_argument('--ckpt', default='ckpt.pt')
     args = parser.parse_args()
-    local_rank = int(os.environ['LOCAL_RANK'])  # torchrun sets it, with RANK and WORLD_SIZE
-    if torch.cuda.device_count() >= int(os.environ['LOCAL_WORLD_SIZE']):
+    local_rank, local_world = int(os.environ['LOCAL_RANK']), int(os.environ['LOCAL_WORLD_SIZE'])
+    if torch.cuda.is_available() and torch.cuda.device_count() >= local_world:  # usable GPUs
         device = torch.device('cuda', local_rank)
         torch.cuda.set_device(device)  # before the group: NCCL and new tensors use this GPU
         dist.init_process_group('nccl', device_id=device)  # reads the rest from torchrun
@@ -55,8 +55,8 @@ def main():
             total += torch.stack([loss.detach(), torch.ones((), device=device)])
         dist.all_reduce(total)  # the mean loss over all ranks, only to print it
         if rank == 0:  # one writer; net.module: keys without 'module.'; atomic via os.replace
-            print(f'epoch {epoch}: loss {(total[0] / total[1]).item():.4f} '
-                  f'({world_size} processes)', flush=True)  # flush: a pipe buffers print
+            print(f'epoch {epoch}: loss {(total[0] / total[1]).item():.4f} ({world_size} '
+                  f'processes, {dist.get_backend()})', flush=True)  # flush: a pipe buffers
             torch.save({'net': net.module.state_dict(), 'optimizer': optimizer.state_dict(),
                         'epoch': epoch}, args.ckpt + '.tmp')
             os.replace(args.ckpt + '.tmp', args.ckpt)  # a crash leaves the old file or the new
