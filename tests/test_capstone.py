@@ -131,6 +131,8 @@ def test_each_planted_bug_is_caught_and_each_correct_layout_is_not():
     # On its first step a stage also sends the other its shapes, a few hundred bytes of metadata.
     assert activations <= sent[2]['send'] < activations + 1024, sent[2]
     assert {'all_gather_into_tensor', 'reduce_scatter_tensor'} <= set(sent[4])
+    # the norms' Partial gradients, summed over tp by DTensor inside the optimizer's update: counted too
+    assert 'all_reduce' in sent[4], sent[4]
     # cp: the gradients' all-reduce and ring attention's messages, exactly as the cost model counts
     tokens = NUM_SEQS * SEQ_LEN
     assert sum(sent[6].values()) == capstone.layout_cost(dict(cp=2), num_params, tokens, MODEL['dim'],

@@ -1,0 +1,43 @@
+"""Planted bugs of notebook 17 (the capstone) and the checks that catch them."""
+from verify.mutants.registry import Mutant
+
+NB = '17_capstone'
+TARGET = 'notebooks/17_capstone.ipynb'
+PARITY = 'assert loss_gap[name] <= tol_loss and param_gap[name] <= tol_param, name'
+
+MUTANTS = [
+    Mutant(name='layout-mesh-accepts-unknown-dimension', notebook=NB, quick=True,
+           claim='a layout naming a dimension not built here is refused',
+           target='d2lpar/capstone.py', old='    if unknown:\n        raise ValueError(',
+           new='    if False:\n        raise ValueError(', catch="raise AssertionError(f'{bad} was accepted')"),
+    Mutant(name='dp-gradients-summed-not-averaged', notebook=NB,
+           claim='every correct layout = one process (dp averaged)',
+           target=TARGET, old="divide='dp_average' not in broken)", new='divide=False)',
+           catch=PARITY),
+    Mutant(name='pp-microbatches-not-scaled', notebook=NB,
+           claim='every correct layout = one process (micro-batches averaged)',
+           target=TARGET, old="scale_grads='pp_scale' not in broken)", new='scale_grads=False)', catch=PARITY),
+    Mutant(name='cp-gradients-not-averaged', notebook=NB,
+           claim='every correct layout = one process (cp averaged)',
+           target=TARGET, old="average_gradients(net, mesh['cp'].get_group(), layout['cp'])",
+           new="average_gradients(net, mesh['cp'].get_group(), layout['cp'], divide=False)", catch=PARITY),
+    Mutant(name='cp-ring-turns-the-wrong-way', notebook=NB,
+           claim='every correct layout = one process (ring attention at cp = 4)',
+           target='d2lpar/context_parallel.py', old='            src = (rank - step) % n  # whose keys and values we hold now',
+           new='            src = (rank + step) % n  # whose keys and values we hold now', catch=PARITY),
+    Mutant(name='gradients-reduced-in-float32', notebook=NB,
+           claim='every correct layout = one process in float64 too',
+           target=TARGET, old='            dist.all_reduce(grad, group=group)\n',
+           new='            low = grad.float()\n            dist.all_reduce(low, group=group)\n            grad.copy_(low)\n',
+           catch='assert ratio <= 1, name'),
+    Mutant(name='stepcost-blind-to-dtensor-collectives', notebook=NB,
+           claim='StepCost counts every collective (= CommDebugMode)',
+           target=TARGET, old='        if DTensor in types:  # let DTensor run first',
+           new='        if False:  # let DTensor run first',
+           catch="assert all({k: c for k, c in r[name]['calls'].items() if k != 'send'} == r[name]['collectives']"),
+    Mutant(name='tolerance-ten-times-too-loose', notebook=NB,
+           claim='the check catches step errors down to 1e-4',
+           target=TARGET, old='tol_loss, tol_param = 2 * delta_loss, 2 * delta_param',
+           new='tol_loss, tol_param = 2000 * delta_loss, 2000 * delta_param',
+           catch='assert sensitivity[scales[0]] > 1 >= sensitivity[scales[-1]] and smallest <= 1e-4'),
+]
