@@ -6,10 +6,10 @@ TARGET = 'notebooks/17_capstone.ipynb'
 PARITY = 'assert loss_gap[name] <= tol_loss and param_gap[name] <= tol_param, name'
 
 MUTANTS = [
-    Mutant(name='layout-mesh-accepts-unknown-dimension', notebook=NB, quick=True,
-           claim='a layout naming a dimension not built here is refused',
-           target='d2lpar/capstone.py', old='    if unknown:\n        raise ValueError(',
-           new='    if False:\n        raise ValueError(', catch="raise AssertionError(f'{bad} was accepted')"),
+    Mutant(name='pipeline-stage-keeps-embedding', notebook=NB, quick=True,
+           claim='a pipeline stage keeps only its share (the embedding on the first stage)',
+           target=TARGET, old='    if stage > 0:\n        net.embed = None', new='    if stage > 1:\n        net.embed = None',
+           catch="assert list(stage_1.blocks) == ['1'] and stage_1.embed is None and 'head' in plan"),
     Mutant(name='dp-gradients-summed-not-averaged', notebook=NB,
            claim='every correct layout = one process (dp averaged)',
            target=TARGET, old="divide='dp_average' not in broken)", new='divide=False)',
