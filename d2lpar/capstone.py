@@ -270,15 +270,18 @@ def _group_size(group):
 
 
 class StepCost(StepMemory):
-    """StepMemory that also counts the bytes this rank sends in every collective of the step."""
+    """StepMemory that also counts the calls and bytes of every collective this rank runs in the step."""
 
     def __init__(self, *held):
         super().__init__(*held)
-        self.sent = {}  # collective -> bytes
+        self.sent, self.calls = {}, {}  # collective -> bytes, -> calls
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if DTensor in types:  # let DTensor run first: the collectives it runs inside come back here
+            return NotImplemented
         name = func.__name__.split('.')[0]
         if func.namespace in ('c10d', '_c10d_functional') and name in RING:
+            self.calls[name] = self.calls.get(name, 0) + 1
             if name.endswith('base_'):  # (output, input, group, ...)
                 tensor, group = args[1], args[2]
             elif func.namespace == 'c10d':  # ([tensor], group, ...)

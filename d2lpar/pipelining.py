@@ -81,7 +81,11 @@ class StandInDevice(nn.Module):
 
 
 def split_backward(stage, device):
-    """Make `stage`'s backward record 'B' (whole), or 'I' and 'W' when a schedule splits it."""
+    """Make `stage`'s backward record 'B' (whole), or 'I' and 'W' when a schedule splits it.
+
+    torch skips the first stage's I (nobody waits for its input's gradient) and runs its whole
+    backward in the W slot, recorded there as 'B'.
+    """
     whole, weights = stage.backward_one_chunk, stage.backward_weight_one_chunk
 
     def backward_one_chunk(j, *args, full_backward=True, **kwargs):
@@ -89,7 +93,10 @@ def split_backward(stage, device):
         return whole(j, *args, full_backward=full_backward, **kwargs)
 
     def backward_weight_one_chunk(j, *args, **kwargs):
-        result = weights(j, *args, **kwargs)  # on the first stage, this runs the input part too
+        if stage.is_first:  # its I was skipped: the whole backward runs now
+            device.backward_phase, device.backward_units = 'B', 2
+            return weights(j, *args, **kwargs)
+        result = weights(j, *args, **kwargs)
         start = time.time()
         time.sleep(device.seconds)  # the weight gradient: the other half of backward
         device.events.append((device.stage, j, 'W', start, time.time()))

@@ -240,18 +240,26 @@ class CopyAndLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         X, weight = ctx.saved_tensors
+        # On a GPU the host only queues kernels: wait for this stream's (not NCCL's) before a stamp.
+        ready = torch.cuda.current_stream().synchronize if grad.is_cuda else lambda: None
         grad_X = grad @ weight  # this rank's term of the input's gradient
-        started = time.perf_counter()
+        ready()
+        ev = dict(started=time.perf_counter())
         work = dist.all_reduce(grad_X, async_op=True)  # sum the terms; returns at once
+        if not grad.is_cuda:  # gloo's thread completes the future the moment the sum has arrived
+            work.get_future().then(lambda _: ev.setdefault('arrived', time.perf_counter()))
         if not ctx.overlap:
             work.wait()  # the synchronous version: wait before computing anything else
-        computing = time.perf_counter()
+            ready()
+        ev.update(computing=time.perf_counter(), in_flight=not work.is_completed())
         grad_W = grad.flatten(0, -2).T @ X.flatten(0, -2)  # needs no communication
         grad_b = grad.flatten(0, -2).sum(0)
-        computed = time.perf_counter()
+        ready()
+        ev.update(computed=time.perf_counter(), done_meanwhile=work.is_completed())
         work.wait()
-        ctx.events.append(dict(all_reduce=(started, time.perf_counter() if ctx.overlap else computing),
-                               matmul=(computing, computed)))
+        ready()
+        ev['waited'] = time.perf_counter()
+        ctx.events.append(ev)
         return grad_X, grad_W, grad_b, None, None
 
 
