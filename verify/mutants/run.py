@@ -205,7 +205,8 @@ class Row:
 def run_mutant(mutant, root=ROOT, scratch=None, control=False):
     """Plant `mutant` (or, with control=True, nothing) in a copy of `root`; return its Row."""
     start = time.monotonic()
-    base = Path(tempfile.mkdtemp(prefix=f'mutant-{mutant.name}-', dir=scratch))
+    safe = re.sub(r'[^\w-]', '_', mutant.name)  # a folder name, whatever the mutant's name
+    base = Path(tempfile.mkdtemp(prefix=f'mutant-{safe}-', dir=scratch))
     copy = base / 'repo'
     label = '(control)' if control else mutant.name
     try:
@@ -217,7 +218,7 @@ def run_mutant(mutant, root=ROOT, scratch=None, control=False):
             if not (copy / nb).is_file():
                 raise Broken(f'{nb} does not exist')
             index, number = truncate(copy / nb, mutant.catch)
-            code, cases, out = pytest(copy, [nb], f'{mutant.name}-{os.getpid()}-{id(base)}',
+            code, cases, out = pytest(copy, [nb], f'{base.name}-{os.getpid()}',
                                       timeout=CELL_TIMEOUT * 4)
             ran = [c for c in cases if c[1].startswith('Cell ')]
             failed = first_failure(cases)
@@ -237,7 +238,7 @@ def run_mutant(mutant, root=ROOT, scratch=None, control=False):
             verdict = 'FAILED' if control else 'CAUGHT-ELSEWHERE'
             return Row(mutant.notebook, mutant.claim, label, verdict,
                        f'[{at}] (not [{index}]) {shown}', time.monotonic() - start)
-        code, cases, out = pytest(copy, [mutant.run], f'{mutant.name}-{os.getpid()}-{id(base)}',
+        code, cases, out = pytest(copy, [mutant.run], f'{base.name}-{os.getpid()}',
                                   timeout=CELL_TIMEOUT * 4)
         failed = first_failure(cases)
         if failed is None:
@@ -354,6 +355,30 @@ def apply_controls(rows, controls):
             row.check = f'unmutated notebook fails too: {failed[row.notebook].check}'
 
 
+def check_all(mutants, root=ROOT):
+    """Plant each mutant in a scratch copy without running it; print the ones that are BROKEN."""
+    broken = 0
+    with tempfile.TemporaryDirectory(prefix='d2lpar-mutants-') as scratch:
+        for m in mutants:
+            copy = Path(scratch) / 'repo'
+            shutil.rmtree(copy, ignore_errors=True)
+            copy.mkdir()
+            for rel in {m.target, notebook_path(m)} - {None}:
+                if (Path(root) / rel).is_file():
+                    (copy / rel).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(Path(root) / rel, copy / rel)
+            try:
+                plant(copy, m)
+                nb = notebook_path(m)
+                if nb is not None:
+                    truncate(copy / nb, m.catch)
+            except (Broken, OSError, ValueError) as e:
+                broken += 1
+                print(f'BROKEN {m.name}: {e}')
+    print(f'{len(mutants) - broken} of {len(mutants)} mutants apply')
+    return 1 if broken else 0
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--quick', action='store_true', help='only the fast subset CI runs')
@@ -362,6 +387,8 @@ def main(argv=None):
     parser.add_argument('--list', action='store_true', help='list the mutants and exit')
     parser.add_argument('--control', action='store_true',
                         help='also run each notebook unmutated up to its last catching cell')
+    parser.add_argument('--check', action='store_true',
+                        help='only check that each mutant applies and names one cell (no runs)')
     parser.add_argument('--no-exercises', action='store_true',
                         help="leave out the exercise checkers' wrong-answer rows")
     args = parser.parse_args(argv)
@@ -372,6 +399,8 @@ def main(argv=None):
             print(f'{m.notebook:24} {"quick" if m.quick else "     "} {m.name:34} {m.claim}')
         print(f'{len(mutants)} mutants')
         return 0
+    if args.check:
+        return check_all(mutants)
     if not mutants and not args.only:
         print('no mutants registered')
         return 1

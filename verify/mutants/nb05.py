@@ -1,0 +1,17 @@
+"""Planted bugs for notebook 5, DistributedDataParallel for real."""
+from verify.mutants.registry import Mutant
+
+NB = '05_ddp'
+FILE = f'notebooks/{NB}.ipynb'
+
+MUTANTS = [
+    Mutant('every-rank-reads-shard-0', NB, 'two processes train as one on the global batch', FILE,
+           old='num_replicas=num_replicas, rank=rank,', new='num_replicas=num_replicas, rank=0,',
+           catch='assert not shards[0] & shards[1]', quick=True),
+    Mutant('local-batch-is-the-global-batch', NB, 'two processes train as one on the global batch',
+           'notebooks/scripts/common.py', old='    return batch_size // world_size\n',
+           new='    return batch_size\n', catch='assert not shards[0] & shards[1]'),
+    Mutant('reported-loss-missing-1-over-n', NB, 'the loss reported is the mean over all ranks', FILE,
+           old='losses[epoch] = total.item() / (n * world_size)', new='losses[epoch] = total.item() / n',
+           catch='assert not shards[0] & shards[1]'),
+]
