@@ -152,13 +152,14 @@ def end_leftovers(tag):
     return ended
 
 
-def pytest(copy, args, tag, timeout):
+def pytest(copy, args, tag, timeout, first_failure_stops=True):
     """Run pytest in the copy as the test suite does; return (returncode, junit testcases, output)."""
     report = copy.parent / 'report.xml'
     tmp = copy.parent / 'tmp'
     tmp.mkdir(exist_ok=True)
     env = dict(os.environ, PYTHONPATH=str(copy), TMPDIR=str(tmp), **{MARK: tag})
-    cmd = [sys.executable, '-m', 'pytest', '-x', '-q', f'--junitxml={report}',
+    cmd = [sys.executable, '-m', 'pytest', *(['-x'] if first_failure_stops else []), '-q',
+           f'--junitxml={report}',
            f'--nbval-cell-timeout={CELL_TIMEOUT}', *args]
     try:
         proc = subprocess.run(cmd, cwd=copy, env=env, capture_output=True, text=True,
@@ -283,7 +284,8 @@ def exercise_rows(root=ROOT, only=None, scratch=None):
         if not (copy / 'tests' / 'test_exercises.py').is_file():
             return []
         code, cases, out = pytest(copy, ['tests/test_exercises.py', '-k', 'wrong', '-p',
-                                         'no:randomly'], f'exercises-{os.getpid()}', timeout=900)
+                                         'no:randomly'], f'exercises-{os.getpid()}', timeout=900,
+                                    first_failure_stops=False)
         chapters = exercise_chapters(copy)
     finally:
         shutil.rmtree(base, ignore_errors=True)
@@ -295,14 +297,16 @@ def exercise_rows(root=ROOT, only=None, scratch=None):
     rows = []
     for name, results in grouped.items():
         fn, _, param = name.partition('[')
-        chapter = chapter_of(fn, param, chapters)
+        param = param.rstrip(']')
+        checker, chapter = checker_of(fn, param, chapters)
         if only and not (only in chapter or only in name or only == 'exercises'):
             continue
         bad = [t for s, t in results if s == 'failed']
         verdict = 'SURVIVED' if bad else 'CAUGHT'
         check = failing_line(bad[0])[1] if bad else 'its checker rejects it with the hint'
-        rows.append(Row(chapter, 'exercise checker rejects a wrong answer', f'{fn}[{param}',
-                        verdict, check, seconds * len(results)))
+        answer = param.removeprefix(checker + '-')
+        rows.append(Row(chapter, f'exercise: {checker} rejects it', answer, verdict, check,
+                        seconds * len(results)))
     if code not in (0, 1) and not rows:
         rows.append(Row('exercises', 'exercise checkers', 'tests/test_exercises.py', 'BROKEN',
                         tail(out), time.monotonic() - start))
@@ -315,16 +319,17 @@ def exercise_chapters(copy):
     return dict(re.findall(r"exercises\.(check_\w+):\s*\('(\w+)'", text))
 
 
-def chapter_of(fn, param, chapters):
+def checker_of(fn, param, chapters):
+    """Return (checker, notebook) of a wrong-answer test, from its name and parameters."""
     for checker, chapter in chapters.items():
         if param.startswith(checker + '-'):
-            return chapter
+            return checker, chapter
     key = fn.removeprefix('test_').split('_wrong')[0]
     for candidates in (key, key.split('_')[0]):
         for checker, chapter in chapters.items():
             if candidates in checker:
-                return chapter
-    return 'exercises'
+                return checker, chapter
+    return key, 'exercises'
 
 
 # --------------------------------------------------------------------- main
@@ -334,7 +339,7 @@ COLUMNS = ('notebook', 'claim', 'mutant', 'verdict', 'catching check', 's')
 
 def print_row(row, lock=threading.Lock()):
     with lock:
-        print(f'{row.notebook[:24]:24} | {row.claim[:38]:38} | {row.name[:34]:34} | '
+        print(f'{row.notebook[:24]:24} | {row.claim[:40]:40} | {row.name[:40]:40} | '
               f'{row.verdict:16} | {row.check[:110]:110} | {row.seconds:5.0f}', flush=True)
 
 
