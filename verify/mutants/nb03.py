@@ -22,4 +22,8 @@ MUTANTS = [
            old='state_dict = {k[len(prefix):]: v for k, v in state_dict.items()}',
            new="state_dict = {k.replace(prefix, ''): v for k, v in state_dict.items()}",
            catch='assert list(load_state_dict_flexible(Tagger(), tagger_state))'),
+    Mutant('replicas-run-in-turns', NB, 'the replicas run at the same time, one thread each', FILE,
+           old='    for t in threads:\n        t.start()\n    for t in threads:\n        t.join()',
+           new='    for t in threads:\n        t.start()\n        t.join()',
+           catch='assert barrier.broken is False'),
 ]

@@ -14,4 +14,12 @@ MUTANTS = [
     Mutant('reported-loss-missing-1-over-n', NB, 'the loss reported is the mean over all ranks', FILE,
            old='losses[epoch] = total.item() / (n * world_size)', new='losses[epoch] = total.item() / n',
            catch='assert not shards[0] & shards[1]'),
+    Mutant('syncbn-unweighted-mean', NB, 'SyncBatchNorm by hand normalises over the global batch',
+           'notebooks/scripts/ddp_anatomy.py', old='    mean = (counts * means).sum(0) / n\n',
+           new='    mean = means.mean(0)\n', catch='torch.testing.assert_close(Y, bn(X), **tol)'),
+    Mutant('syncbn-variance-without-spread-of-means', NB,
+           'SyncBatchNorm by hand normalises over the global batch', 'notebooks/scripts/ddp_anatomy.py',
+           old='    var = (counts * (variances + (means - mean) ** 2)).sum(0) / n',
+           new='    var = (counts * variances).sum(0) / n',
+           catch='torch.testing.assert_close(Y, bn(X), **tol)'),
 ]

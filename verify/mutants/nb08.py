@@ -24,4 +24,8 @@ MUTANTS = [
            old='    for params in device_params:  # the same update everywhere',
            new='    for params in device_params[:1]:  # the same update everywhere',
            catch='torch.testing.assert_close(p.detach().cpu(), q, rtol=1e-10, atol=1e-12)'),
+    Mutant('labels-split-out-of-step', NB, 'examples and labels are cut at the same rows', FILE,
+           old='    return scatter(X, devices), scatter(y, devices)',
+           new='    return scatter(X, devices), scatter(y.flip(0), devices)',
+           catch='torch.testing.assert_close(X_shard.cpu(), X[y_shard.cpu()], rtol=0, atol=0)'),
 ]
