@@ -15,4 +15,7 @@ MUTANTS = [
            old='with contextlib.nullcontext() if last else net.no_sync():',
            new='with contextlib.nullcontext():',
            catch="assert r['calls_no_sync'] == r['buckets']"),
+    Mutant('evaluation-counts-the-padding', NB, 'distributed evaluation counts each sample once', FILE,
+           old='keep = max(0, min(len(y), num_real - seen))', new='keep = len(y)',
+           catch="assert (r['correct'], r['total']) == (r['single_correct'], r['n'])"),
 ]

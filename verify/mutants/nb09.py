@@ -28,4 +28,8 @@ MUTANTS = [
     Mutant('bucket-sum-not-divided', NB, 'every variant trains as one process', FILE,
            old='        flat /= dist.get_world_size()\n', new='',
            catch='def check_variants(reports, names):'),
+    Mutant('first-bucket-empty', NB, 'buckets hold at most the cap, at least one tensor each', FILE,
+           old='        if buckets[-1] and size + nbytes > bucket_cap_mb * 2**20:',
+           new='        if size + nbytes > bucket_cap_mb * 2**20:',
+           catch='assert layouts[0.01] == [1] * 6 and layouts[math.inf] == [6]'),
 ]
