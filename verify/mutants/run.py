@@ -185,7 +185,10 @@ def pytest(copy, args, tag, timeout, first_failure_stops=True):
 def failing_line(text):
     """Return the source line the failure points at and the exception, from a traceback."""
     lines = [ln.rstrip() for ln in text.splitlines()]
-    where = next((m.group(1).strip() for ln in lines if (m := ARROW.match(ln.strip()))), '')
+    arrows = [m.group(1).strip() for ln in lines if (m := ARROW.match(ln.strip()))]
+    # the check itself when it is among the marked lines (a `finally:` may be marked first)
+    where = next((a for a in arrows if a.startswith(('assert', 'raise', 'torch.testing.assert'))),
+                 arrows[0] if arrows else '')
     if not where:  # pytest's own assertion report: `>       assert ...`
         where = next((ln[1:].strip() for ln in lines if ln.startswith('>')), '')
     errors = [ln.strip() for ln in lines if re.match(r'\s*(E\s+)?[\w.]*(Error|Exception|Interrupt)\b', ln)]
