@@ -16,4 +16,11 @@ MUTANTS = [
            'd2lpar/visibility.py', old='        if x < 0:\n            break\n',
            new='        if x < 0:\n            continue\n',
            catch='assert mask not in expected_on_4 or on4 == expected_on_4[mask]'),
+    Mutant('error-hides-the-mask', NB, "choose_gpu's error names the mask that renumbered the GPUs",
+           'd2lpar/visibility.py', old='    if mask is not None:\n        seen +=',
+           new='    if False:\n        seen +=',
+           catch="assert 'GPU index 5 does not exist' in error and \"CUDA_VISIBLE_DEVICES='0,5'\" in error"),
+    Mutant('typo-check-too-strict', NB, 'a misspelled CUDA variable is found', 'd2lpar/visibility.py',
+           old='cutoff=0.85)', new='cutoff=0.99)',
+           catch="assert d2lpar.misspelled_cuda_vars(typo['env']) == ['CUDA_VISIBLE_DEVICE']"),
 ]
