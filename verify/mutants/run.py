@@ -187,7 +187,7 @@ def failing_line(text):
     lines = [ln.rstrip() for ln in text.splitlines()]
     arrows = [m.group(1).strip() for ln in lines if (m := ARROW.match(ln.strip()))]
     # the check itself when it is among the marked lines (a `finally:` may be marked first)
-    where = next((a for a in arrows if a.startswith(('assert', 'raise', 'torch.testing.assert'))),
+    where = next((a for a in arrows if a.startswith(('assert', 'torch.testing.assert'))),
                  arrows[0] if arrows else '')
     if not where:  # pytest's own assertion report: `>       assert ...`
         where = next((ln[1:].strip() for ln in lines if ln.startswith('>')), '')
