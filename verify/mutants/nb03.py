@@ -26,4 +26,8 @@ MUTANTS = [
            old='    for t in threads:\n        t.start()\n    for t in threads:\n        t.join()',
            new='    for t in threads:\n        t.start()\n        t.join()',
            catch='assert barrier.broken is False'),
+    Mutant('shards-out-of-order', NB, 'the shards, put back together, are the batch', FILE,
+           old='columns.append([part.to(device) for part, device in zip(parts, devices)])',
+           new='columns.append([part.to(device) for part, device in zip(parts[::-1], devices)])',
+           catch='assert_close_on_cpu(torch.cat(on_cpu([s for (s,) in shards])), X, rtol=0, atol=0)'),
 ]

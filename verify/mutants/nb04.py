@@ -27,4 +27,8 @@ MUTANTS = [
            old="    for name, chunks in [('naive split', 1), ('GPipe', m)]:\n        start",
            new="    for name, chunks in [('naive split', 1), ('GPipe', 1)]:\n        start",
            catch='assert speedup > 1 + noise'),
+    Mutant('one-thread-gpipe-unscaled', NB, 'one thread in schedule order computes what the threads do',
+           FILE, old='out = loss(out, ys[j].to(device)) * (len(ys[j]) / len(X))',
+           new='out = loss(out, ys[j].to(device))',
+           catch='torch.testing.assert_close(grads(model), threaded_grads, rtol=0, atol=0)'),
 ]

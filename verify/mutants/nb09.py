@@ -32,4 +32,8 @@ MUTANTS = [
            old='        if buckets[-1] and size + nbytes > bucket_cap_mb * 2**20:',
            new='        if size + nbytes > bucket_cap_mb * 2**20:',
            catch='assert layouts[1e-5] == [1] * 6 and layouts[math.inf] == [6]'),
+    Mutant('ring-sends-the-wrong-block', NB, 'after n-1 steps rank r owns the sum of block r', FILE,
+           old='sent = [(r, (r - step - 1) % n, set(held[r][(r - step - 1) % n])) for r in range(n)]',
+           new='sent = [(r, (r - step) % n, set(held[r][(r - step) % n])) for r in range(n)]',
+           catch='assert complete == [[r] for r in range(n)]'),
 ]
