@@ -23,7 +23,7 @@ MUTANTS = [
            new='    var = (counts * variances).sum(0) / n',
            catch='torch.testing.assert_close(Y, bn(X), **tol)'),
     Mutant('checkpoint-saved-with-module-prefix', NB, "the checkpoint has no 'module.' prefix",
-           'notebooks/scripts/ddp_spawn.py',
+           'notebooks/scripts/ddp_torchrun.py',
            old='common.save_checkpoint(args.ckpt, net.module, optimizer, epoch)',
            new='common.save_checkpoint(args.ckpt, net, optimizer, epoch)',
            catch="assert state['epoch'] == epochs - 1 and not any(k.startswith('module.')"),
