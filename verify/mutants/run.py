@@ -193,6 +193,8 @@ def failing_line(text):
         where = next((ln[1:].strip() for ln in lines if ln.startswith('>')), '')
     errors = [ln.strip() for ln in lines if re.match(r'\s*(E\s+)?[\w.]*(Error|Exception|Interrupt)\b', ln)]
     error = errors[-1] if errors else ''
+    if not where and not error:  # a timeout, a dead kernel: the report's last words
+        error = next((ln.strip() for ln in reversed(lines) if ln.strip()), '')
     return where, error
 
 
