@@ -185,7 +185,10 @@ def pytest(copy, args, tag, timeout, first_failure_stops=True):
 def failing_line(text):
     """Return the source line the failure points at and the exception, from a traceback."""
     lines = [ln.rstrip() for ln in text.splitlines()]
-    arrows = [m.group(1).strip() for ln in lines if (m := ARROW.match(ln.strip()))]
+    # a chained exception prints its cause first: the cell's own traceback comes last
+    last = re.split(r'The above exception was the direct cause|During handling of the above', text)[-1]
+    arrows = [m.group(1).strip() for ln in last.splitlines() if (m := ARROW.match(ln.strip()))]
+    arrows = arrows or [m.group(1).strip() for ln in lines if (m := ARROW.match(ln.strip()))]
     # the check itself when it is among the marked lines (a `finally:` may be marked first)
     where = next((a for a in arrows if a.startswith(('assert', 'torch.testing.assert'))),
                  arrows[0] if arrows else '')
