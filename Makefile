@@ -41,7 +41,7 @@ mutants: $(STAMP)  ## plant every registered bug (verify/mutants/) and check tha
 	$(BIN)/python verify/mutants/run.py $(MUTANTS_FLAGS)
 
 mutants-quick: $(STAMP)  ## the fast subset of the mutants that CI runs
-	$(BIN)/python verify/mutants/run.py --quick $(MUTANTS_FLAGS)
+	$(BIN)/python verify/mutants/run.py --quick -j 2 $(MUTANTS_FLAGS)
 
 labcheck: $(STAMP)  ## Run All in JupyterLab in headless Chromium, every notebook (LABCHECK_FLAGS="--interrupt 'd2lpar.launch('")
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check playwright

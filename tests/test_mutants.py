@@ -116,3 +116,13 @@ def test_a_duplicate_name_is_refused(tmp_path):
         "MUTANTS = [Mutant('a', 'n', 'c', 't', 'o', 'n2', 'x')] * 2\n")
     with pytest.raises(ValueError, match="'a'"):
         registry.load(tmp_path)
+
+
+def test_exercise_rows_name_the_checker_and_its_notebook():
+    chapters = run.exercise_chapters(ROOT)
+    assert run.checker_of('test_wrong_answer_fails_with_its_hint', 'check_sampler-Padded-padding',
+                          chapters) == ('check_sampler', '05_ddp')
+    assert run.checker_of('test_merge_wrong_answers_get_their_hint', 'merge_no_rescale-x',
+                          chapters) == ('check_online_softmax_merge', '14_context_expert')
+    assert run.checker_of('test_zero2_hook_wrong_answers_get_their_hint', 'no-division',
+                          chapters) == ('check_zero2_hook', '10_zero')

@@ -152,13 +152,14 @@ def end_leftovers(tag):
     return ended
 
 
-def pytest(copy, args, tag, timeout):
+def pytest(copy, args, tag, timeout, first_failure_stops=True):
     """Run pytest in the copy as the test suite does; return (returncode, junit testcases, output)."""
     report = copy.parent / 'report.xml'
     tmp = copy.parent / 'tmp'
     tmp.mkdir(exist_ok=True)
     env = dict(os.environ, PYTHONPATH=str(copy), TMPDIR=str(tmp), **{MARK: tag})
-    cmd = [sys.executable, '-m', 'pytest', '-x', '-q', f'--junitxml={report}',
+    cmd = [sys.executable, '-m', 'pytest', *(['-x'] if first_failure_stops else []), '-q',
+           f'--junitxml={report}',
            f'--nbval-cell-timeout={CELL_TIMEOUT}', *args]
     try:
         proc = subprocess.run(cmd, cwd=copy, env=env, capture_output=True, text=True,
@@ -184,11 +185,19 @@ def pytest(copy, args, tag, timeout):
 def failing_line(text):
     """Return the source line the failure points at and the exception, from a traceback."""
     lines = [ln.rstrip() for ln in text.splitlines()]
-    where = next((m.group(1).strip() for ln in lines if (m := ARROW.match(ln.strip()))), '')
+    # a chained exception prints its cause first: the cell's own traceback comes last
+    last = re.split(r'The above exception was the direct cause|During handling of the above', text)[-1]
+    arrows = [m.group(1).strip() for ln in last.splitlines() if (m := ARROW.match(ln.strip()))]
+    arrows = arrows or [m.group(1).strip() for ln in lines if (m := ARROW.match(ln.strip()))]
+    # the check itself when it is among the marked lines (a `finally:` may be marked first)
+    where = next((a for a in arrows if a.startswith(('assert', 'torch.testing.assert'))),
+                 arrows[0] if arrows else '')
     if not where:  # pytest's own assertion report: `>       assert ...`
         where = next((ln[1:].strip() for ln in lines if ln.startswith('>')), '')
     errors = [ln.strip() for ln in lines if re.match(r'\s*(E\s+)?[\w.]*(Error|Exception|Interrupt)\b', ln)]
     error = errors[-1] if errors else ''
+    if not where and not error:  # a timeout, a dead kernel: the report's last words
+        error = next((ln.strip() for ln in reversed(lines) if ln.strip()), '')
     return where, error
 
 
@@ -205,7 +214,8 @@ class Row:
 def run_mutant(mutant, root=ROOT, scratch=None, control=False):
     """Plant `mutant` (or, with control=True, nothing) in a copy of `root`; return its Row."""
     start = time.monotonic()
-    base = Path(tempfile.mkdtemp(prefix=f'mutant-{mutant.name}-', dir=scratch))
+    safe = re.sub(r'[^\w-]', '_', mutant.name)  # a folder name, whatever the mutant's name
+    base = Path(tempfile.mkdtemp(prefix=f'mutant-{safe}-', dir=scratch))
     copy = base / 'repo'
     label = '(control)' if control else mutant.name
     try:
@@ -217,7 +227,7 @@ def run_mutant(mutant, root=ROOT, scratch=None, control=False):
             if not (copy / nb).is_file():
                 raise Broken(f'{nb} does not exist')
             index, number = truncate(copy / nb, mutant.catch)
-            code, cases, out = pytest(copy, [nb], f'{mutant.name}-{os.getpid()}-{id(base)}',
+            code, cases, out = pytest(copy, [nb], f'{base.name}-{os.getpid()}',
                                       timeout=CELL_TIMEOUT * 4)
             ran = [c for c in cases if c[1].startswith('Cell ')]
             failed = first_failure(cases)
@@ -237,7 +247,7 @@ def run_mutant(mutant, root=ROOT, scratch=None, control=False):
             verdict = 'FAILED' if control else 'CAUGHT-ELSEWHERE'
             return Row(mutant.notebook, mutant.claim, label, verdict,
                        f'[{at}] (not [{index}]) {shown}', time.monotonic() - start)
-        code, cases, out = pytest(copy, [mutant.run], f'{mutant.name}-{os.getpid()}-{id(base)}',
+        code, cases, out = pytest(copy, [mutant.run], f'{base.name}-{os.getpid()}',
                                   timeout=CELL_TIMEOUT * 4)
         failed = first_failure(cases)
         if failed is None:
@@ -282,7 +292,8 @@ def exercise_rows(root=ROOT, only=None, scratch=None):
         if not (copy / 'tests' / 'test_exercises.py').is_file():
             return []
         code, cases, out = pytest(copy, ['tests/test_exercises.py', '-k', 'wrong', '-p',
-                                         'no:randomly'], f'exercises-{os.getpid()}', timeout=900)
+                                         'no:randomly'], f'exercises-{os.getpid()}', timeout=900,
+                                    first_failure_stops=False)
         chapters = exercise_chapters(copy)
     finally:
         shutil.rmtree(base, ignore_errors=True)
@@ -294,14 +305,16 @@ def exercise_rows(root=ROOT, only=None, scratch=None):
     rows = []
     for name, results in grouped.items():
         fn, _, param = name.partition('[')
-        chapter = chapter_of(fn, param, chapters)
+        param = param.rstrip(']')
+        checker, chapter = checker_of(fn, param, chapters)
         if only and not (only in chapter or only in name or only == 'exercises'):
             continue
         bad = [t for s, t in results if s == 'failed']
         verdict = 'SURVIVED' if bad else 'CAUGHT'
         check = failing_line(bad[0])[1] if bad else 'its checker rejects it with the hint'
-        rows.append(Row(chapter, 'exercise checker rejects a wrong answer', f'{fn}[{param}',
-                        verdict, check, seconds * len(results)))
+        answer = param.removeprefix(checker + '-')
+        rows.append(Row(chapter, f'exercise: {checker} rejects it', answer, verdict, check,
+                        seconds * len(results)))
     if code not in (0, 1) and not rows:
         rows.append(Row('exercises', 'exercise checkers', 'tests/test_exercises.py', 'BROKEN',
                         tail(out), time.monotonic() - start))
@@ -314,16 +327,17 @@ def exercise_chapters(copy):
     return dict(re.findall(r"exercises\.(check_\w+):\s*\('(\w+)'", text))
 
 
-def chapter_of(fn, param, chapters):
+def checker_of(fn, param, chapters):
+    """Return (checker, notebook) of a wrong-answer test, from its name and parameters."""
     for checker, chapter in chapters.items():
         if param.startswith(checker + '-'):
-            return chapter
+            return checker, chapter
     key = fn.removeprefix('test_').split('_wrong')[0]
     for candidates in (key, key.split('_')[0]):
         for checker, chapter in chapters.items():
             if candidates in checker:
-                return chapter
-    return 'exercises'
+                return checker, chapter
+    return key, 'exercises'
 
 
 # --------------------------------------------------------------------- main
@@ -333,7 +347,7 @@ COLUMNS = ('notebook', 'claim', 'mutant', 'verdict', 'catching check', 's')
 
 def print_row(row, lock=threading.Lock()):
     with lock:
-        print(f'{row.notebook[:24]:24} | {row.claim[:38]:38} | {row.name[:34]:34} | '
+        print(f'{row.notebook[:24]:24} | {row.claim[:40]:40} | {row.name[:40]:40} | '
               f'{row.verdict:16} | {row.check[:110]:110} | {row.seconds:5.0f}', flush=True)
 
 
@@ -354,6 +368,30 @@ def apply_controls(rows, controls):
             row.check = f'unmutated notebook fails too: {failed[row.notebook].check}'
 
 
+def check_all(mutants, root=ROOT):
+    """Plant each mutant in a scratch copy without running it; print the ones that are BROKEN."""
+    broken = 0
+    with tempfile.TemporaryDirectory(prefix='d2lpar-mutants-') as scratch:
+        for m in mutants:
+            copy = Path(scratch) / 'repo'
+            shutil.rmtree(copy, ignore_errors=True)
+            copy.mkdir()
+            for rel in {m.target, notebook_path(m)} - {None}:
+                if (Path(root) / rel).is_file():
+                    (copy / rel).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(Path(root) / rel, copy / rel)
+            try:
+                plant(copy, m)
+                nb = notebook_path(m)
+                if nb is not None:
+                    truncate(copy / nb, m.catch)
+            except (Broken, OSError, ValueError) as e:
+                broken += 1
+                print(f'BROKEN {m.name}: {e}')
+    print(f'{len(mutants) - broken} of {len(mutants)} mutants apply')
+    return 1 if broken else 0
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--quick', action='store_true', help='only the fast subset CI runs')
@@ -362,6 +400,8 @@ def main(argv=None):
     parser.add_argument('--list', action='store_true', help='list the mutants and exit')
     parser.add_argument('--control', action='store_true',
                         help='also run each notebook unmutated up to its last catching cell')
+    parser.add_argument('--check', action='store_true',
+                        help='only check that each mutant applies and names one cell (no runs)')
     parser.add_argument('--no-exercises', action='store_true',
                         help="leave out the exercise checkers' wrong-answer rows")
     args = parser.parse_args(argv)
@@ -372,6 +412,8 @@ def main(argv=None):
             print(f'{m.notebook:24} {"quick" if m.quick else "     "} {m.name:34} {m.claim}')
         print(f'{len(mutants)} mutants')
         return 0
+    if args.check:
+        return check_all(mutants)
     if not mutants and not args.only:
         print('no mutants registered')
         return 1
