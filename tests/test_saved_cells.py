@@ -42,6 +42,7 @@ REQUIRED = {
                           'load_balancing_loss', 'MoE', 'AllToAll', 'ExpertParallelMoE',
                           'attend_block', 'merge_attention', 'sequence_chunks', 'shard_sequence',
                           'chunk_mask', 'RingAttention', 'ring_attention', 'ring_attention_bytes'],
+    '15_fault_tolerance': ['set_timeout', 'behind', 'young_interval', 'expected_waste', 'simulate_run', 'make_net', 'global_batch', 'shard', 'full_loss', 'local_grads', 'replay'],
     '17_capstone': ['CausalAttention', 'GPTBlock', 'TinyGPT', 'lm_loss', 'counting_task', 'layout_mesh',
                     'coordinates', 'pipeline_stage', 'tensor_plan', 'parallelize', 'average_gradients',
                     'train_step', 'full_parameters', 'StepCost', 'layout_cost'],
