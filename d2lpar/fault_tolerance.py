@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = ['set_timeout', 'behind', 'young_interval', 'expected_waste', 'simulate_run',
-           'make_net', 'global_batch', 'shard', 'full_loss', 'local_grads', 'replay']
+           'make_net', 'global_batch', 'shard', 'full_loss', 'local_grads', 'replay_quorums']
 
 
 def set_timeout(seconds, group=None):
@@ -90,7 +90,7 @@ def local_grads(net, X, y):
     return [p.grad.clone() for p in net.parameters()]
 
 
-def replay(quorum_sizes, lr, momentum):
+def replay_quorums(quorum_sizes, lr, momentum):
     """Train in one process as the replicas do, with quorum_sizes[s] replicas at step s."""
     net = make_net()
     opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)

@@ -58,7 +58,7 @@ def test_simulate_run_loses_the_segment_and_restarts():
 
 
 def test_replay_with_one_replica_is_full_batch_sgd():
-    losses, net = ft.replay([1] * 5, lr=0.05, momentum=0.9)
+    losses, net = ft.replay_quorums([1] * 5, lr=0.05, momentum=0.9)
     ref = ft.make_net()
     opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
     for step in range(5):
@@ -73,8 +73,8 @@ def test_replay_with_one_replica_is_full_batch_sgd():
 
 def test_replay_quorum_sizes_change_only_rounding():
     steps = 30
-    whole, _ = ft.replay([2] * steps, lr=0.05, momentum=0.9)
-    mixed, _ = ft.replay([2] * 5 + [1] * 10 + [2] * 15, lr=0.05, momentum=0.9)
+    whole, _ = ft.replay_quorums([2] * steps, lr=0.05, momentum=0.9)
+    mixed, _ = ft.replay_quorums([2] * 5 + [1] * 10 + [2] * 15, lr=0.05, momentum=0.9)
     eps = torch.finfo(torch.float64).eps
     assert whole[:5] == mixed[:5]
     assert max(abs(a - b) for a, b in zip(whole, mixed)) <= steps * 12 * eps * max(whole)
