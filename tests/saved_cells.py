@@ -31,7 +31,7 @@ MARK = '#@save'
 # a notebook calls them as d2lpar.<module>.<name>.
 MODULES = ('collectives', 'miniddp', 'zero', 'memory', 'fsdp', 'tensor_parallel', 'distributed',
            'ddp_practice', 'ddp', 'pipelining', 'expert_parallel', 'context_parallel',
-           'capstone')
+           'capstone', 'fault_tolerance')
 
 
 def saved_cells(path):

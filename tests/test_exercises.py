@@ -41,6 +41,7 @@ CHECKS = {
     exercises.check_interleaved_stages: ('13_pipeline_parallel', 'interleaved_stages'),
     exercises.check_online_softmax_merge: ('14_context_expert', 'merge_partial'),
     exercises.check_choose_layout: ('17_capstone', 'choose_layout'),
+    exercises.check_checkpoint_interval: ('15_fault_tolerance', 'checkpoint_interval'),
 }
 
 
@@ -896,3 +897,13 @@ def test_choose_layout_wrong_answers_get_their_hint(wrong, hints):
             assert verdict.attempted and any(h in verdict.message for h in hints), verdict
             failed += 1
     assert failed == len(SEEDS)  # six cases per seed: a wrong rule is caught on every seed
+
+
+@pytest.mark.parametrize('wrong', [lambda C, M: math.sqrt(C * M), lambda C, M: 2 * C * M,
+                                   lambda C, M: math.sqrt(2 * M / C), lambda C, M: M / 2,
+                                   lambda C, M: 1.3 * math.sqrt(2 * C * M)])
+def test_wrong_checkpoint_intervals_fail(wrong):
+    for seed in SEEDS:
+        verdict = exercises.check_checkpoint_interval(wrong, seed=seed)
+        assert verdict.attempted and not verdict.passed, verdict
+        assert 'Hint' in verdict.message

@@ -1,0 +1,48 @@
+"""Planted bugs for notebook 15 (fault tolerance), each with the check that must catch it."""
+from verify.mutants.registry import Mutant
+
+NB = '15_fault_tolerance'
+TARGET = 'notebooks/15_fault_tolerance.ipynb'
+
+MUTANTS = [
+    Mutant(name='nb15-behind-blames-everyone', notebook=NB,
+           claim='the stuck rank is the one whose count is behind',
+           target=TARGET, old='if count < newest)', new='if count <= newest)',
+           catch="print(behind({0: 4, 1: 4, 2: 3}))", quick=True),
+    Mutant(name='nb15-young-without-2', notebook=NB,
+           claim="Young's rule minimises the waste",
+           target=TARGET, old='return math.sqrt(2 * checkpoint_cost * mtbf)',
+           new='return math.sqrt(checkpoint_cost * mtbf)',
+           catch='for s, e in zip(simulated, exact):'),
+    Mutant(name='nb15-waste-forgets-restart', notebook=NB,
+           claim='the expected waste agrees with the simulation',
+           target=TARGET, old='segment_time = (mtbf + restart_cost) * math.expm1(',
+           new='segment_time = mtbf * math.expm1(',
+           catch='for s, e in zip(simulated, exact):'),
+    Mutant(name='nb15-timeout-not-changed', notebook=NB,
+           claim='the timeout can be changed at run time',
+           target=TARGET, old='steps.set_timeout(args.timeout)',
+           new='pass  # steps.set_timeout(args.timeout)',
+           catch="hung = run_dying('--failure', 'hang'"),
+    Mutant(name='nb15-replica-never-killed', notebook=NB,
+           claim='a replica is really killed mid-step and the survivor sees it',
+           target=TARGET, old='replica == 1 and attempt == 0 and step == args.kill_at',
+           new='replica == 1 and attempt == 0 and step == -1',
+           catch="survivor, spare = logs[0, 0], logs[1, 1]"),
+    Mutant(name='nb15-heal-without-optimizer', notebook=NB,
+           claim='a healed replica holds exactly the peers\' weights and momentum',
+           target=TARGET,
+           old="load_state_dict=lambda s: (net.load_state_dict(s['net']), opt.load_state_dict(s['opt'])),",
+           new="load_state_dict=lambda s: net.load_state_dict(s['net']),",
+           catch='committed = {}  # step'),
+    Mutant(name='nb15-replay-wrong-scale', notebook=NB,
+           claim='the run equals one process with the same quorum sizes, bit for bit',
+           target=TARGET, old='p.grad = sum(grads) / n  # the all-reduce',
+           new='p.grad = sum(grads) / 2  # the all-reduce',
+           catch='committed = {}  # step'),
+    Mutant(name='nb15-checker-accepts-sqrt-cm', notebook=NB,
+           claim='the exercise checker rejects sqrt(C*M)',
+           target='d2lpar/exercises/fault_tolerance.py', old='SLACK = 1.01', new='SLACK = 1.10',
+           catch='tests/test_exercises.py::test_wrong_checkpoint_intervals_fail',
+           run='tests/test_exercises.py::test_wrong_checkpoint_intervals_fail', quick=True),
+]
