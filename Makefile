@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.d2lpar-installed
 
-.PHONY: lab test test-floor html bench stress labcheck gpucheck info clean
+.PHONY: lab test test-floor lib lint html bench stress labcheck gpucheck info clean
 
 # Empty: the newest torch the registry serves, as a learner's `pip install` gets it.
 TORCH ?=
@@ -27,6 +27,12 @@ test: $(STAMP)  ## unit tests and solutions, then every chapter notebook under n
 
 test-floor:  ## the same tests with the oldest supported torch, in .venv-floor
 	$(MAKE) test VENV=.venv-floor TORCH='$(FLOOR)'
+
+lib:  ## regenerate d2lpar/lessons from the notebooks' #@save cells (after editing a saved cell)
+	$(PYTHON) d2lpar/tools/lib.py
+
+lint: $(STAMP)  ## ruff check (rules in pyproject.toml)
+	$(BIN)/ruff check .
 
 html: $(STAMP)  ## execute every notebook and render the course into build/html
 	$(BIN)/python -m d2lpar html $(HTML_FLAGS)

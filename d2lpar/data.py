@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from ._checks import positive_int
+from .checks import positive_int
 from .devices import env_flag
 
 __all__ = ['load_data_fashion_mnist', 'prepare_fashion_mnist', 'get_fashion_mnist_labels', 'TensorLoader',

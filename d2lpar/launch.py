@@ -49,7 +49,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ._checks import positive_int
+from .checks import positive_int
 from .processes import MARKER, _end_orphans, _wait_until, end_processes, launched_processes
 
 __all__ = ['LaunchResult', 'launch', 'free_port', 'port_is_free', 'launched_processes',

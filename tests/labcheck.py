@@ -181,7 +181,8 @@ def run_all(lab, notebook, shots):
     unrun, failed = errors_in(nb)
     ok = not failed and not unrun
     print(f'{"PASS" if ok else "FAIL"} {notebook}: {seconds:.0f} s'
-          + (f', cells never run {unrun}' if unrun else '') + ''.join(f'\n    cell {i}: {e}: {v}' for i, e, v in failed),
+          + (f', cells never run {unrun}' if unrun else '')
+          + ''.join(f'\n    cell {i}: {e}: {v}' for i, e, v in failed),
           flush=True)
     lab.shut_down(notebook)
     return ok

@@ -550,7 +550,7 @@ def test_shard_rows_reference_agrees_with_torch_chunk():
 
 
 def test_bubble_reference_agrees_with_d2lpar_and_the_hand_formula():
-    from d2lpar.exercises import _gpipe_idle
+    from d2lpar.exercises.model_parallel import _gpipe_idle
     for p in range(1, 6):
         for m in range(1, 9):
             for t_backward in (1, 2, 3):

@@ -221,6 +221,7 @@ def _ddp_entry(rank, world_size, port, fn):
     import datetime
     import gc
     import os
+
     import torch.distributed as dist
     os.environ['OMP_NUM_THREADS'] = '1'
     torch.set_num_threads(1)

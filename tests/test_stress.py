@@ -6,7 +6,6 @@ import shutil
 import tempfile
 
 import pytest
-
 import stress
 
 CELLS = [

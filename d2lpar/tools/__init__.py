@@ -1,0 +1,1 @@
+"""The course's machinery, which no notebook teaches: generating d2lpar/lessons (lib.py)."""
