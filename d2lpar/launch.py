@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .checks import positive_int
-from .processes import MARKER, _end_orphans, _wait_until, end_processes, launched_processes
+from .processes import MARKER, _end_orphans, _wait_until, end_processes, environment, launched_processes
 
 __all__ = ['LaunchResult', 'launch', 'free_port', 'port_is_free', 'launched_processes',
            'end_processes', 'loopback_interface']
@@ -310,20 +310,7 @@ def _check_seconds(value, name):
 
 
 def _check_env(env):
-    if env is None:
-        return {}
-    if not hasattr(env, 'items'):
-        raise TypeError(f'env must be a dict of variable names to values, got {type(env).__name__}')
-    checked = {}
-    for key, value in env.items():
-        if not isinstance(key, str) or not key or '=' in key:
-            raise ValueError(f'bad environment variable name {key!r}')
-        if value is not None and (isinstance(value, bool)
-                                  or not isinstance(value, (str, int, float))):
-            raise TypeError(f'env[{key!r}] must be a string, a number or None (to unset it), '
-                            f'got {value!r}')
-        checked[key] = None if value is None else str(value)
-    return checked
+    return environment(env)
 
 
 # ---------------------------------------------------------------- one launch

@@ -18,6 +18,7 @@ import time
 import torch
 
 from .devices import gpu_problem, num_gpus
+from .processes import environment
 
 __all__ = ['choose_gpu', 'parse_visible_devices', 'visible_gpus', 'misspelled_cuda_vars',
            'run_with_mask', 'run_with_masks']
@@ -233,18 +234,8 @@ def _check_code(code):
 
 
 def _check_env(env):
-    if env is None:
-        return
-    if not isinstance(env, dict):
-        raise TypeError(f'env must be a dict of variable names to strings (None unsets), '
-                        f'got {type(env).__name__}')
-    for k, v in env.items():
-        if not isinstance(k, str) or not (v is None or isinstance(v, str)):
-            raise TypeError(f'env[{k!r}] = {v!r}: names and values must be strings '
-                            f'(or None to unset the variable)')
-        if k == _MASK_VAR:
-            raise ValueError('pass the CUDA_VISIBLE_DEVICES value as the mask argument, '
-                             'not in env')
+    if _MASK_VAR in environment(env):
+        raise ValueError('pass the CUDA_VISIBLE_DEVICES value as the mask argument, not in env')
 
 
 def _child_env(mask, env):
@@ -252,7 +243,7 @@ def _child_env(mask, env):
     child.pop(_MASK_VAR, None)
     if mask is not None:
         child[_MASK_VAR] = mask
-    for k, v in (env or {}).items():
+    for k, v in environment(env).items():
         if v is None:
             child.pop(k, None)
         else:
