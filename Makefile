@@ -41,11 +41,11 @@ bench: $(STAMP)  ## speed comparisons, printed as ratios measured in one run
 	$(BIN)/python -m benchmarks
 
 stress: $(STAMP)  ## every notebook 5 times under CPU load: finds flaky cells (STRESS_FLAGS=--runs 2)
-	$(BIN)/python tests/stress.py $(STRESS_FLAGS)
+	$(BIN)/python verify/stress.py $(STRESS_FLAGS)
 
 labcheck: $(STAMP)  ## Run All in JupyterLab in headless Chromium, every notebook (LABCHECK_FLAGS="--interrupt 'd2lpar.launch('")
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check playwright
-	$(BIN)/python tests/labcheck.py $(LABCHECK_FLAGS)
+	$(BIN)/python verify/labcheck.py $(LABCHECK_FLAGS)
 
 gpucheck: $(STAMP)  ## verify the course on a GPU machine: every notebook at full size, the GPU-only runs, one table (GPUCHECK_FLAGS="--rows 05,nccl")
 	$(BIN)/python tests/gpucheck.py $(GPUCHECK_FLAGS)

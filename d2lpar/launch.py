@@ -57,111 +57,11 @@ __all__ = ['LaunchResult', 'launch', 'free_port', 'port_is_free', 'launched_proc
 
 LAUNCHERS = ('torchrun', 'python', 'torch.distributed.launch')
 
-# Runs in every rank: send this process's output to a file of its own, then run the script
-# as `python script args` would (legacy `--local-rank=N` goes right after the script name).
-# Once the script and its atexit handlers are done, the rank ends with os._exit: with
-# torch 2.14, DDP keeps its gloo process group alive after destroy_process_group, and a gloo
-# thread still releasing a collective's tensors while Python shuts down aborts the rank
-# ("terminate called without an active exception": about one short DDP run in ten on a busy
-# 2-core machine). Processes a rank starts itself (mp.spawn) need d2lpar.distributed.exit_now.
-# Before leaving, C stdio is flushed too: into a file it is fully buffered, and os._exit would
-# drop what C code (NCCL_DEBUG=INFO) printed. When one rank fails, torchrun stops the others
-# with SIGTERM, possibly before they report their own error: a stopped rank says so in its
-# output, and every rank that ends badly records how and when (LaunchResult.first_failure).
-_RANK_SHIM = r'''
-import atexit, json, os, runpy, signal, sys, time
-argv = sys.argv[1:]
-legacy = []
-while argv and argv[0].startswith(('--local-rank=', '--local_rank=')):
-    legacy.append(argv.pop(0))
-name = 'rank' + os.environ['RANK'] if 'RANK' in os.environ else 'main'
-fd = os.open(os.path.join(os.environ['D2LPAR_LOG_DIR'], name + '.log'),
-             os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-sys.stdout.flush(); sys.stderr.flush()
-os.dup2(fd, 1); os.dup2(fd, 2); os.close(fd)
-sys.argv = [argv[0]] + legacy + argv[1:]
-sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
-del argv, legacy, fd
+# Runs in every rank, copied under the script's name: see its docstring.
+_RANK_SHIM = Path(__file__).with_name('programs') / 'rank_shim.py'
 
-
-def flush_all():
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            pass
-    try:  # C libraries (NCCL's INFO lines) print through C stdio, fully buffered into a file
-        import ctypes
-        ctypes.CDLL(None).fflush(None)
-    except Exception:
-        pass
-
-
-def record_exit(how, code):  # how this rank ended, and when: LaunchResult.exits
-    path = os.path.join(os.environ['D2LPAR_EXIT_DIR'], name + '.json')
-    try:
-        with open(path + '.part', 'w') as f:
-            json.dump({'how': how, 'code': code, 'time': time.time()}, f)
-        os.replace(path + '.part', path)
-    except OSError:
-        pass
-
-
-def stopped(signum, frame):  # torchrun stops the other ranks with SIGTERM once one fails
-    os.write(2, b'[stopped by SIGTERM: torchrun ends every rank once one has failed, '
-                b'or the launch was ended]\n')
-    record_exit('stopped', 128 + signum)
-    flush_all()
-    os._exit(128 + signum)
-
-
-def show_from_script(kind, value, tb):  # a traceback starts at the script, not in this shim
-    first = tb
-    while first is not None and first.tb_frame.f_code.co_filename != sys.argv[0]:
-        first = first.tb_next
-    sys.__excepthook__(kind, value.with_traceback(first or tb), first or tb)
-
-
-sys.excepthook = show_from_script
-exit_code = [0]
-
-
-def skip_cpp_teardown():  # registered first, so it runs after every other atexit handler
-    flush_all()
-    os._exit(exit_code[0])
-
-
-atexit.register(skip_cpp_teardown)
-if 'RANK' in os.environ:
-    signal.signal(signal.SIGTERM, stopped)
-try:
-    runpy.run_path(sys.argv[0], run_name='__main__')
-except SystemExit as e:
-    exit_code[0] = e.code if isinstance(e.code, int) else int(e.code is not None)
-    if exit_code[0]:
-        record_exit('error', exit_code[0])
-    raise
-except KeyboardInterrupt:
-    exit_code[0] = 130
-    record_exit('interrupted', 130)
-    raise
-except BaseException:
-    exit_code[0] = 1
-    record_exit('error', 1)
-    raise
-'''
-
-# Runs before torchrun (then becomes it through exec): on Linux, ask for SIGTERM when the
-# launching process dies, so a restarted kernel does not leave torchrun running.
-_AGENT_WRAPPER = r'''
-import os, sys
-if sys.platform.startswith('linux'):
-    import ctypes, signal
-    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
-    if os.getppid() != int(sys.argv[1]):
-        sys.exit(143)
-os.execv(sys.argv[2], sys.argv[2:])
-'''
+# Runs before torchrun, then becomes it: see its docstring.
+_AGENT_WRAPPER = Path(__file__).with_name('programs') / 'start_agent.py'
 
 
 @dataclass
@@ -408,7 +308,7 @@ def _shell_line(argv, script, work):
 
 
 def _popen(argv, env):
-    wrapped = [sys.executable, '-c', _AGENT_WRAPPER, str(os.getpid()), *argv]
+    wrapped = [sys.executable, str(_AGENT_WRAPPER), str(os.getpid()), *argv]
     return subprocess.Popen(wrapped, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
@@ -516,8 +416,7 @@ def _launch_once(script, nproc, nnodes, args, timeout, env, echo, launcher, port
         for directory in (log_dir, result_dir, exit_dir):
             os.mkdir(directory)
         os.mkdir(os.path.join(work, 'shim'))
-        with open(os.path.join(work, 'shim', script.name), 'w') as f:
-            f.write(_RANK_SHIM)
+        shutil.copyfile(_RANK_SHIM, os.path.join(work, 'shim', script.name))
         streams = _Streams(log_dir, echo)
         try:
             store, port = _loopback_store(port, timeout)
