@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.d2lpar-installed
 
-.PHONY: lab test test-floor lib lint html bench stress labcheck gpucheck info clean
+.PHONY: lab test test-floor lib lint normalize html bench stress labcheck gpucheck info clean
 
 # Empty: the newest torch the registry serves, as a learner's `pip install` gets it.
 TORCH ?=
@@ -30,6 +30,9 @@ test-floor:  ## the same tests with the oldest supported torch, in .venv-floor
 
 lib:  ## regenerate d2lpar/lessons from the notebooks' #@save cells (after editing a saved cell)
 	$(PYTHON) d2lpar/tools/lib.py
+
+normalize:  ## strip outputs, keep every cell id (new cells get stable ones): run before committing a notebook
+	$(PYTHON) d2lpar/tools/notebooks.py
 
 lint: $(STAMP)  ## ruff check (rules in pyproject.toml)
 	$(BIN)/ruff check .
