@@ -142,8 +142,17 @@ def plot_comm_timeline(intervals, path=None, title='one DDP step, rank 0'):
     ax.set_title(title)
     ax.invert_yaxis()
     fig.tight_layout()
-    if path is not None:
-        fig.savefig(path, dpi=100)
+    if path is not None:  # written whole or not at all: a reader never sees half a picture
+        path = os.fspath(path)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)),
+                                   suffix=os.path.splitext(path)[1] or '.png')
+        os.close(fd)
+        try:
+            fig.savefig(tmp, dpi=100)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
     return fig
 
 

@@ -622,7 +622,7 @@ def test_notebook_stubs_are_not_attempted_and_never_raise(path):
             assert 'not attempted yet' in seen, seen
 
 
-# ------------------------------------------------- notebook 11: the row-parallel linear
+# ------------------------------------------------- notebook 12: the row-parallel linear
 
 def _row_blocks(X, weight, n, weight_dim=1):
     return X.chunk(n, dim=1), weight.chunk(n, dim=weight_dim)
