@@ -1,1 +1,5 @@
-"""The course's machinery, which no notebook teaches: generating d2lpar/lessons (lib.py)."""
+"""Maintainer tools, run by path and importing nothing of d2lpar.
+
+lib.py        `make lib`: generate d2lpar/lessons from the notebooks' `#@save` cells
+notebooks.py  `make normalize`: notebooks without outputs, with stable cell ids
+"""
