@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.d2lpar-installed
 
-.PHONY: lab test test-floor html bench stress mutants mutants-quick labcheck gpucheck info clean
+.PHONY: lab test test-floor lib lint normalize html bench stress mutants mutants-quick labcheck gpucheck info clean
 
 # Empty: the newest torch the registry serves, as a learner's `pip install` gets it.
 TORCH ?=
@@ -28,6 +28,15 @@ test: $(STAMP)  ## unit tests and solutions, then every chapter notebook under n
 test-floor:  ## the same tests with the oldest supported torch, in .venv-floor
 	$(MAKE) test VENV=.venv-floor TORCH='$(FLOOR)'
 
+lib:  ## regenerate d2lpar/lessons from the notebooks' #@save cells (after editing a saved cell)
+	$(PYTHON) d2lpar/tools/lib.py
+
+normalize:  ## strip outputs, keep every cell id (new cells get stable ones): run before committing a notebook
+	$(PYTHON) d2lpar/tools/notebooks.py
+
+lint: $(STAMP)  ## ruff check (rules in pyproject.toml)
+	$(BIN)/ruff check .
+
 html: $(STAMP)  ## execute every notebook and render the course into build/html
 	$(BIN)/python -m d2lpar html $(HTML_FLAGS)
 
@@ -35,7 +44,7 @@ bench: $(STAMP)  ## speed comparisons, printed as ratios measured in one run
 	$(BIN)/python -m benchmarks
 
 stress: $(STAMP)  ## every notebook 5 times under CPU load: finds flaky cells (STRESS_FLAGS=--runs 2)
-	$(BIN)/python tests/stress.py $(STRESS_FLAGS)
+	$(BIN)/python verify/stress.py $(STRESS_FLAGS)
 
 mutants: $(STAMP)  ## plant every registered bug (verify/mutants/) and check that its check fails (MUTANTS_FLAGS="--only 08 -j 2")
 	$(BIN)/python verify/mutants/run.py $(MUTANTS_FLAGS)
@@ -45,7 +54,7 @@ mutants-quick: $(STAMP)  ## the fast subset of the mutants that CI runs
 
 labcheck: $(STAMP)  ## Run All in JupyterLab in headless Chromium, every notebook (LABCHECK_FLAGS="--interrupt 'd2lpar.launch('")
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check playwright
-	$(BIN)/python tests/labcheck.py $(LABCHECK_FLAGS)
+	$(BIN)/python verify/labcheck.py $(LABCHECK_FLAGS)
 
 gpucheck: $(STAMP)  ## verify the course on a GPU machine: every notebook at full size, the GPU-only runs, one table (GPUCHECK_FLAGS="--quick" or "--rows 05,nccl")
 	$(BIN)/python verify/gpucheck.py $(GPUCHECK_FLAGS)

@@ -1,14 +1,10 @@
 """DDP in practice (notebook 7): accumulation, mixed precision, uneven inputs, evaluation.
 
-The functions a notebook cell writes (d2l's `#@save`) come first: one
-optimizer step over k micro-batches with `no_sync`, a training step under
-`torch.autocast`, training on uneven inputs with `join`, evaluation sharded
-over ranks that counts every sample once, the number of DataLoader workers a
-rank may start, and a compile backend that records the graphs it receives.
-Helpers that teach nothing about parallelism follow: finding a C++ compiler,
-reading a profiler's events, drawing them as a timeline.
+The name notebooks and scripts import. What the notebook teaches is generated into
+d2lpar/lessons/nb07_ddp_practice.py (edit the notebook's `#@save` cell, then `make lib`), its
+argument checks live in d2lpar/checks/; what follows are helpers the notebook uses but does not
+teach.
 """
-import contextlib
 import os
 import shutil
 import subprocess
@@ -16,168 +12,10 @@ import sys
 import tempfile
 
 import torch
-import torch.distributed as dist
-from torch.utils.data import DataLoader, DistributedSampler
 
-from ._checks import checked, positive_int, process_group_size
+from .lessons.nb07_ddp_practice import *  # noqa: F403
+from .lessons.nb07_ddp_practice import __all__ as _nb07
 
-__all__ = ['accumulate_step', 'amp_step', 'train_uneven', 'evaluate_distributed',
-           'loader_workers', 'counting_backend', 'cxx_compiler', 'inductor_works',
-           'loader_pins', 'bf16_in_hardware', 'profile_intervals', 'overlap_report',
-           'plot_comm_timeline']
-
-
-def _check_accumulate_step(net, optimizer, micro_batches, loss_fn):
-    if not hasattr(net, 'no_sync'):
-        raise TypeError(f'accumulate_step: net must be a DistributedDataParallel model (it has '
-                        f'no_sync()), got {type(net).__name__}; wrap it first: net = DDP(net)')
-    if not callable(loss_fn):
-        raise TypeError(f'accumulate_step: loss_fn must be callable, got {loss_fn!r}')
-    try:
-        micro_batches = list(micro_batches)
-    except TypeError:
-        raise TypeError('accumulate_step: micro_batches must be a list of (X, y) pairs, got '
-                        f'{type(micro_batches).__name__}') from None
-    if not micro_batches:
-        raise ValueError('accumulate_step: micro_batches is empty; pass at least one (X, y) pair')
-    for batch in micro_batches:
-        if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
-            raise TypeError(f'accumulate_step: each micro-batch must be an (X, y) pair, got '
-                            f'{type(batch).__name__}')
-    sizes = [len(y) for _, y in micro_batches]
-    if len(set(sizes)) > 1:
-        # Dividing each mean loss by k gives the mean over all samples only for equal sizes.
-        raise ValueError(f'accumulate_step: micro-batches must have equal sizes, got {sizes}; '
-                         'dividing each loss by k would weight their samples unequally. Split '
-                         'the batch evenly, or weight each loss by its share of the samples '
-                         '(exercise 5 of notebook 7)')
-    return (net, optimizer, micro_batches, loss_fn), {}
-
-
-@checked(_check_accumulate_step)
-def accumulate_step(net, optimizer, micro_batches, loss_fn):
-    """Take one optimizer step over k equal micro-batches; allreduce only after the last one."""
-    optimizer.zero_grad()
-    k, total = len(micro_batches), 0.0
-    for i, (X, y) in enumerate(micro_batches):
-        last = i == k - 1
-        with contextlib.nullcontext() if last else net.no_sync():  # no allreduce: accumulate
-            loss = loss_fn(net(X), y) / k  # the mean of k equal means is the big batch's mean
-            loss.backward()  # the last backward allreduces the sum of all k gradients
-        total = total + loss.detach()
-    optimizer.step()
-    return total
-
-
-def _check_amp_step(net, optimizer, X, y, loss_fn, scaler=None):
-    if not isinstance(X, torch.Tensor):
-        raise TypeError(f'amp_step: X must be a tensor, got {type(X).__name__}')
-    if X.device.type == 'cuda' and scaler is None:
-        raise ValueError('amp_step: float16 on a GPU needs a GradScaler (small gradients '
-                         "underflow to 0 otherwise): pass scaler=torch.amp.GradScaler('cuda')")
-    if not callable(loss_fn):
-        raise TypeError(f'amp_step: loss_fn must be callable, got {loss_fn!r}')
-
-
-@checked(_check_amp_step)
-def amp_step(net, optimizer, X, y, loss_fn, scaler=None):
-    """Take one step under autocast: bfloat16 on CPU, float16 with a GradScaler on a GPU."""
-    dtype = torch.float16 if X.device.type == 'cuda' else torch.bfloat16
-    optimizer.zero_grad()
-    with torch.autocast(X.device.type, dtype=dtype):
-        loss = loss_fn(net(X), y)  # matmuls in 16 bits; autocast keeps the loss in float32
-    if scaler is None:
-        loss.backward()  # the parameters and their gradients stay float32
-        optimizer.step()
-    else:  # float16 gradients underflow: scale the loss up, unscale before the step
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)  # skips the step when a gradient is inf or NaN
-        scaler.update()
-    return loss.detach()
-
-
-def _check_train_uneven(net, optimizer, batches, loss_fn):
-    if not hasattr(net, 'join'):
-        raise TypeError(f'train_uneven: net must be a DistributedDataParallel model (it has '
-                        f'join()), got {type(net).__name__}')
-    if not callable(loss_fn):
-        raise TypeError(f'train_uneven: loss_fn must be callable, got {loss_fn!r}')
-
-
-@checked(_check_train_uneven)
-def train_uneven(net, optimizer, batches, loss_fn):
-    """Train on however many batches this rank has; ranks done early shadow the others."""
-    steps = 0
-    with net.join():  # a finished rank joins the others' allreduces with zero gradients
-        for X, y in batches:
-            optimizer.zero_grad()
-            loss_fn(net(X), y).backward()
-            optimizer.step()
-            steps += 1
-    return steps
-
-
-def _check_evaluate_distributed(net, dataset, batch_size):
-    process_group_size('evaluate_distributed')
-    if not isinstance(net, torch.nn.Module):
-        raise TypeError(f'evaluate_distributed: net must be an nn.Module (pass net.module for a '
-                        f'DDP model), got {type(net).__name__}')
-    positive_int(batch_size, 'evaluate_distributed: batch_size')
-    if not hasattr(dataset, '__len__'):
-        raise TypeError(f'evaluate_distributed: the dataset must have a length (a map-style '
-                        f'Dataset such as TensorDataset), got {type(dataset).__name__}; '
-                        'DistributedSampler shards by index, which an iterable dataset has not')
-    if len(dataset) == 0:
-        raise ValueError('evaluate_distributed: the dataset is empty; there is nothing to count')
-
-
-@checked(_check_evaluate_distributed)
-def evaluate_distributed(net, dataset, batch_size):
-    """Return (correct, total) over `dataset` sharded over the ranks, each sample counted once."""
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    sampler = DistributedSampler(dataset, shuffle=False)  # pads the shards to equal length
-    num_real = len(range(rank, len(dataset), world_size))  # what follows them is padding
-    device = next(net.parameters()).device
-    counts, seen = torch.zeros(2, dtype=torch.int64, device=device), 0
-    was_training = net.training
-    net.eval()
-    with torch.no_grad():
-        for X, y in DataLoader(dataset, batch_size, sampler=sampler):
-            keep = max(0, min(len(y), num_real - seen))  # drop the padded duplicates
-            seen += len(y)
-            hits = (net(X.to(device)).argmax(1) == y.to(device))[:keep]
-            counts += torch.stack([hits.sum(), torch.tensor(keep, device=device)])
-    net.train(was_training)
-    dist.all_reduce(counts)  # SUM: correct and total over all ranks
-    return counts[0].item(), counts[1].item()
-
-
-def _check_loader_workers(nproc_per_node, cores=None):
-    positive_int(nproc_per_node, 'loader_workers: nproc_per_node')
-    if cores is not None:
-        positive_int(cores, 'loader_workers: cores')
-
-
-@checked(_check_loader_workers)
-def loader_workers(nproc_per_node, cores=None):
-    """Return DataLoader workers per rank so that ranks x (workers + 1) fit the cores."""
-    if cores is None:  # a container or taskset may allow fewer cores than os.cpu_count()
-        cores = (len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity')
-                 else os.cpu_count())
-    return max(0, cores // nproc_per_node - 1)  # one core for the rank itself; 0: it loads
-
-
-def counting_backend(graphs, backend):
-    """Return a torch.compile backend that records each graph in `graphs`, then compiles it."""
-    compile_fn = torch._dynamo.lookup_backend(backend)
-
-    def compile_graph(gm, example_inputs):
-        graphs.append(gm)  # with DDP's optimizer: one graph per bucket
-        return compile_fn(gm, example_inputs)
-    return compile_graph
-
-
-# ------------------------------------------------------------ helpers that teach no parallelism
 
 def cxx_compiler():
     """Return the path of the C++ compiler torch.compile's inductor would use, or None."""
@@ -314,6 +152,19 @@ def plot_comm_timeline(intervals, path=None, title='one DDP step, rank 0'):
     ax.set_title(title)
     ax.invert_yaxis()
     fig.tight_layout()
-    if path is not None:
-        fig.savefig(path, dpi=100)
+    if path is not None:  # written whole or not at all: a reader never sees half a picture
+        path = os.fspath(path)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)),
+                                   suffix=os.path.splitext(path)[1] or '.png')
+        os.close(fd)
+        try:
+            fig.savefig(tmp, dpi=100)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
     return fig
+
+
+__all__ = [*_nb07, 'cxx_compiler', 'inductor_works', 'loader_pins', 'bf16_in_hardware', 'profile_intervals',
+           'overlap_report', 'plot_comm_timeline']

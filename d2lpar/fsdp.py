@@ -1,16 +1,10 @@
 """FSDP2 in practice (notebook 11): fully_shard applied per block and on the root.
 
-Each definition is a `#@save` cell of notebook 11 (tests/test_saved_cells.py
-compares them).
+The name notebooks and scripts import. What the notebook teaches is generated into
+d2lpar/lessons/nb11_fsdp2.py (edit the notebook's `#@save` cell, then `make lib`), its argument
+checks live in d2lpar/checks/.
 """
-from torch.distributed.fsdp import fully_shard
+from .lessons.nb11_fsdp2 import *  # noqa: F403
+from .lessons.nb11_fsdp2 import __all__ as _nb11
 
-__all__ = ['shard_blocks']
-
-
-def shard_blocks(net, mesh, blocks, **kwargs):
-    """Apply fully_shard to each of `blocks`, then to `net` (the root); return `net`."""
-    for block in blocks:
-        fully_shard(block, mesh=mesh, **kwargs)
-    kwargs.pop('reshard_after_forward', None)  # the root keeps its own default
-    return fully_shard(net, mesh=mesh, **kwargs)
+__all__ = [*_nb11]

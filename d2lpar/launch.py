@@ -35,7 +35,6 @@ lists what is left (it should be nothing) and `end_processes` ends it; both read
 import errno
 import json
 import os
-import queue
 import shlex
 import shutil
 import signal
@@ -46,232 +45,24 @@ import tempfile
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from ._checks import positive_int
-from .processes import MARKER, _end_orphans, _wait_until, end_processes, launched_processes
+from .checks import positive_int
+from .launch_output import LaunchResult, _Streams, _stream_name
+from .ports import free_port, loopback_interface, port_is_free
+from .processes import MARKER, _end_orphans, _wait_until, end_processes, environment, launched_processes
 
 __all__ = ['LaunchResult', 'launch', 'free_port', 'port_is_free', 'launched_processes',
            'end_processes', 'loopback_interface']
 
 LAUNCHERS = ('torchrun', 'python', 'torch.distributed.launch')
 
-# Runs in every rank: send this process's output to a file of its own, then run the script
-# as `python script args` would (legacy `--local-rank=N` goes right after the script name).
-# Once the script and its atexit handlers are done, the rank ends with os._exit: with
-# torch 2.14, DDP keeps its gloo process group alive after destroy_process_group, and a gloo
-# thread still releasing a collective's tensors while Python shuts down aborts the rank
-# ("terminate called without an active exception": about one short DDP run in ten on a busy
-# 2-core machine). Processes a rank starts itself (mp.spawn) need d2lpar.distributed.exit_now.
-# Before leaving, C stdio is flushed too: into a file it is fully buffered, and os._exit would
-# drop what C code (NCCL_DEBUG=INFO) printed. When one rank fails, torchrun stops the others
-# with SIGTERM, possibly before they report their own error: a stopped rank says so in its
-# output, and every rank that ends badly records how and when (LaunchResult.first_failure).
-_RANK_SHIM = r'''
-import atexit, json, os, runpy, signal, sys, time
-argv = sys.argv[1:]
-legacy = []
-while argv and argv[0].startswith(('--local-rank=', '--local_rank=')):
-    legacy.append(argv.pop(0))
-name = 'rank' + os.environ['RANK'] if 'RANK' in os.environ else 'main'
-fd = os.open(os.path.join(os.environ['D2LPAR_LOG_DIR'], name + '.log'),
-             os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-sys.stdout.flush(); sys.stderr.flush()
-os.dup2(fd, 1); os.dup2(fd, 2); os.close(fd)
-sys.argv = [argv[0]] + legacy + argv[1:]
-sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
-del argv, legacy, fd
+# Runs in every rank, copied under the script's name: see its docstring.
+_RANK_SHIM = Path(__file__).with_name('programs') / 'rank_shim.py'
 
+# Runs before torchrun, then becomes it: see its docstring.
+_AGENT_WRAPPER = Path(__file__).with_name('programs') / 'start_agent.py'
 
-def flush_all():
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            pass
-    try:  # C libraries (NCCL's INFO lines) print through C stdio, fully buffered into a file
-        import ctypes
-        ctypes.CDLL(None).fflush(None)
-    except Exception:
-        pass
-
-
-def record_exit(how, code):  # how this rank ended, and when: LaunchResult.exits
-    path = os.path.join(os.environ['D2LPAR_EXIT_DIR'], name + '.json')
-    try:
-        with open(path + '.part', 'w') as f:
-            json.dump({'how': how, 'code': code, 'time': time.time()}, f)
-        os.replace(path + '.part', path)
-    except OSError:
-        pass
-
-
-def stopped(signum, frame):  # torchrun stops the other ranks with SIGTERM once one fails
-    os.write(2, b'[stopped by SIGTERM: torchrun ends every rank once one has failed, '
-                b'or the launch was ended]\n')
-    record_exit('stopped', 128 + signum)
-    flush_all()
-    os._exit(128 + signum)
-
-
-def show_from_script(kind, value, tb):  # a traceback starts at the script, not in this shim
-    first = tb
-    while first is not None and first.tb_frame.f_code.co_filename != sys.argv[0]:
-        first = first.tb_next
-    sys.__excepthook__(kind, value.with_traceback(first or tb), first or tb)
-
-
-sys.excepthook = show_from_script
-exit_code = [0]
-
-
-def skip_cpp_teardown():  # registered first, so it runs after every other atexit handler
-    flush_all()
-    os._exit(exit_code[0])
-
-
-atexit.register(skip_cpp_teardown)
-if 'RANK' in os.environ:
-    signal.signal(signal.SIGTERM, stopped)
-try:
-    runpy.run_path(sys.argv[0], run_name='__main__')
-except SystemExit as e:
-    exit_code[0] = e.code if isinstance(e.code, int) else int(e.code is not None)
-    if exit_code[0]:
-        record_exit('error', exit_code[0])
-    raise
-except KeyboardInterrupt:
-    exit_code[0] = 130
-    record_exit('interrupted', 130)
-    raise
-except BaseException:
-    exit_code[0] = 1
-    record_exit('error', 1)
-    raise
-'''
-
-# Runs before torchrun (then becomes it through exec): on Linux, ask for SIGTERM when the
-# launching process dies, so a restarted kernel does not leave torchrun running.
-_AGENT_WRAPPER = r'''
-import os, sys
-if sys.platform.startswith('linux'):
-    import ctypes, signal
-    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
-    if os.getppid() != int(sys.argv[1]):
-        sys.exit(143)
-os.execv(sys.argv[2], sys.argv[2:])
-'''
-
-
-@dataclass
-class LaunchResult:
-    """What a launch did: exit status, each rank's output lines, results the ranks emitted."""
-    returncode: int
-    output: dict
-    results: list
-    timed_out: bool = False
-    port: int = None
-    commands: list = field(default_factory=list)  # what each started process runs, as a shell line
-    elapsed: float = 0.0
-    launch_id: str = ''
-    exits: dict = field(default_factory=dict)  # {rank: {'how': 'error'|'stopped'|..., 'code', 'time'}}
-
-    @property
-    def first_failure(self):
-        """Return the rank that failed first (None if none did).
-
-        When one rank fails, torchrun stops the others, which may then never
-        report their own error: look for the cause in this rank's output.
-        """
-        errors = [(e['time'], rank) for rank, e in self.exits.items() if e['how'] == 'error']
-        if errors:
-            return min(errors)[1]
-        return _root_cause_rank(self.output.get('torchrun', []))
-
-    @property
-    def ok(self):
-        """Return True when every process exited with status 0 in time."""
-        return self.returncode == 0 and not self.timed_out
-
-    def by_rank(self, key=None):
-        """Return {rank: last result of that rank} (or of its field `key`)."""
-        table = {}
-        for record in self.results:
-            table[record['rank']] = record if key is None else record[key]
-        return dict(sorted(table.items()))
-
-    def text(self):
-        """Return all output as prefixed lines, ranks first, then the launcher's streams."""
-        return '\n'.join(f'[{_label(name)}] {line}' for name in _stream_order(self.output)
-                         for line in self.output[name])
-
-    def check(self):
-        """Raise RuntimeError with the output if the launch failed; return self otherwise."""
-        if not self.ok:
-            why = 'timed out' if self.timed_out else f'exited with status {self.returncode}'
-            first = self.first_failure
-            if first is not None:
-                why += f' (rank {first} failed first)'
-            tail = '\n'.join(f'[{_label(name)}] {line}' for name in _stream_order(self.output)
-                             for line in self.output[name][-15:])
-            what = self.commands[0] if self.commands else 'nothing started'
-            raise RuntimeError(f'launch {why}: {what}\n(last lines of each stream)\n{tail}')
-        return self
-
-
-def _root_cause_rank(lines):
-    """Return the rank torchrun names as 'Root Cause (first observed failure)', or None."""
-    after = False
-    for line in lines:
-        after = after or 'Root Cause' in line
-        words = line.split()
-        if after and len(words) >= 3 and words[0] == 'rank' and words[1] == ':':
-            return int(words[2]) if words[2].isdigit() else None
-    return None
-
-
-def _stream_name(stem):
-    """Return the stream a shim file stem names: the rank as an int ('rank3' -> 3), else the stem."""
-    return int(stem[4:]) if stem.startswith('rank') and stem[4:].isdigit() else stem
-
-
-def _label(name):
-    return f'rank {name}' if isinstance(name, int) else name
-
-
-def _stream_order(output):
-    ranks = sorted(k for k in output if isinstance(k, int))
-    return ranks + sorted(k for k in output if not isinstance(k, int))
-
-
-def free_port(host='127.0.0.1'):
-    """Return a TCP port on `host` that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def port_is_free(port, host='127.0.0.1'):
-    """Return True if a server could listen on `host:port` now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        if os.name == 'posix':  # as TCPStore does: old TIME_WAIT connections do not count
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-            s.listen(1)
-        except OSError:
-            return False
-    return True
-
-
-def loopback_interface():
-    """Return the name of the loopback network interface ('lo' on Linux, 'lo0' on macOS)."""
-    names = [name for _, name in socket.if_nameindex()] if hasattr(socket, 'if_nameindex') else []
-    for name in names:
-        if name.startswith('lo'):
-            return name
-    return 'lo0' if sys.platform == 'darwin' else 'lo'
 
 
 # ---------------------------------------------------------------- checking the arguments
@@ -310,73 +101,10 @@ def _check_seconds(value, name):
 
 
 def _check_env(env):
-    if env is None:
-        return {}
-    if not hasattr(env, 'items'):
-        raise TypeError(f'env must be a dict of variable names to values, got {type(env).__name__}')
-    checked = {}
-    for key, value in env.items():
-        if not isinstance(key, str) or not key or '=' in key:
-            raise ValueError(f'bad environment variable name {key!r}')
-        if value is not None and (isinstance(value, bool)
-                                  or not isinstance(value, (str, int, float))):
-            raise TypeError(f'env[{key!r}] must be a string, a number or None (to unset it), '
-                            f'got {value!r}')
-        checked[key] = None if value is None else str(value)
-    return checked
+    return environment(env)
 
 
 # ---------------------------------------------------------------- one launch
-
-def _internal_frame(line):
-    """Return True for the lines of a Python traceback other than its last (the error)."""
-    return (line.startswith(('Traceback (most recent call last)', '  File "', '    '))
-            or not line.strip('^~ '))
-
-
-class _Streams:
-    """Collect output lines per stream and echo them, prefixed, from the calling thread."""
-
-    def __init__(self, log_dir, echo):
-        self.log_dir, self.echo = log_dir, echo
-        self.output, self.queue = {}, queue.Queue()
-        self.offsets, self.partial = {}, {}
-
-    def add(self, name, line):
-        if _FORGIVEN_BIND in line:  # expected: the launcher hosts the store (_loopback_store)
-            return
-        self.output.setdefault(name, []).append(line)
-        if self.echo and not (isinstance(name, str) and _internal_frame(line)):
-            print(f'[{_label(name)}] {line}', flush=True)
-
-    def read_pipe(self, name, pipe):
-        """Thread body: queue every line of an agent's pipe."""
-        for raw in iter(pipe.readline, b''):
-            self.queue.put((name, raw.decode(errors='replace').rstrip('\r\n')))
-        pipe.close()
-
-    def pump(self, final=False):
-        while True:
-            try:
-                self.add(*self.queue.get_nowait())
-            except queue.Empty:
-                break
-        for entry in sorted(os.listdir(self.log_dir)):
-            stem = entry[:-len('.log')]
-            name = _stream_name(stem)
-            with open(os.path.join(self.log_dir, entry), 'rb') as f:
-                f.seek(self.offsets.get(entry, 0))
-                data = f.read()
-            self.offsets[entry] = self.offsets.get(entry, 0) + len(data)
-            text = self.partial.pop(entry, b'') + data
-            *lines, rest = text.split(b'\n')
-            for raw in lines:
-                self.add(name, raw.decode(errors='replace').rstrip('\r'))
-            if rest and final:
-                self.add(name, rest.decode(errors='replace'))
-            elif rest:
-                self.partial[entry] = rest
-
 
 def _commands(script, nproc, nnodes, args, launcher, port, work, max_restarts=0):
     """Return [(stream name, argv)] for the processes a launch starts."""
@@ -421,7 +149,7 @@ def _shell_line(argv, script, work):
 
 
 def _popen(argv, env):
-    wrapped = [sys.executable, '-c', _AGENT_WRAPPER, str(os.getpid()), *argv]
+    wrapped = [sys.executable, str(_AGENT_WRAPPER), str(os.getpid()), *argv]
     return subprocess.Popen(wrapped, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
@@ -460,7 +188,6 @@ def _collect_results(result_dir):
 
 
 # What torch logs once a process finds the launcher's store where it would have hosted one.
-_FORGIVEN_BIND = 'TORCHELASTIC_USE_AGENT_STORE is enabled so ignoring the error'
 
 
 def _loopback_store(port, timeout):
@@ -529,8 +256,7 @@ def _launch_once(script, nproc, nnodes, args, timeout, env, echo, launcher, port
         for directory in (log_dir, result_dir, exit_dir):
             os.mkdir(directory)
         os.mkdir(os.path.join(work, 'shim'))
-        with open(os.path.join(work, 'shim', script.name), 'w') as f:
-            f.write(_RANK_SHIM)
+        shutil.copyfile(_RANK_SHIM, os.path.join(work, 'shim', script.name))
         streams = _Streams(log_dir, echo)
         try:
             store, port = _loopback_store(port, timeout)

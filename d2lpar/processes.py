@@ -77,6 +77,29 @@ def _all_processes():
     return []
 
 
+def environment(env):
+    """Return `env` as what a launched child changes in its environment: {name: str, or None}.
+
+    The one convention of every launcher (d2lpar.launch, d2lpar.run_with_mask): a dict from
+    variable names to strings or numbers (made strings: {'OMP_NUM_THREADS': 1}); None unsets
+    the variable. A name is a non-empty string without '='.
+    """
+    if env is None:
+        return {}
+    if not hasattr(env, 'items'):
+        raise TypeError(f'env must be a dict of variable names to values, got {type(env).__name__}')
+    checked = {}
+    for key, value in env.items():
+        if not isinstance(key, str) or not key or '=' in key:
+            raise ValueError(f'bad environment variable name {key!r}')
+        if value is not None and (isinstance(value, bool)
+                                  or not isinstance(value, (str, int, float))):
+            raise TypeError(f'env[{key!r}] must be a string, a number or None (to unset it), '
+                            f'got {value!r}')
+        checked[key] = None if value is None else str(value)
+    return checked
+
+
 def launched_processes(launch_id=None):
     """Return the live processes of one launch (or of every launch made by this process)."""
     if launch_id is None:

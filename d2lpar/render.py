@@ -301,12 +301,18 @@ Each page opens with a banner saying what it was executed on.</p>
 
 
 def render_course(notebooks_dir='notebooks', out_dir='build/html', small=False, timeout=600,
-                  only=None, solutions=False, echo=print):
+                  only=None, solutions=False, echo=print, cache=True):
     """Execute the notebooks and write a static site to `out_dir`; return a PageResult per notebook.
 
     A notebook that fails still gets a page (with the outputs up to the error,
-    marked as failed) and a FAILED row in the index.
+    marked as failed) and a FAILED row in the index. With `cache`, a notebook
+    whose code and dependencies are unchanged since its last successful run in
+    `out_dir` is not run again (d2lpar/render_cache.py).
     """
+    import nbformat
+
+    from . import render_cache
+
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
         raise ValueError(f'render: timeout must be a positive number of seconds per cell, '
                          f'got {timeout!r}')
@@ -318,7 +324,16 @@ def render_course(notebooks_dir='notebooks', out_dir='build/html', small=False, 
     for k, path in enumerate(paths, 1):
         echo(f'[{k}/{len(paths)}] executing {path} ({"small" if small else "full"} workload)'
              ' ...')
-        nb, setup, seconds, error = execute_notebook(path, small, timeout)
+        nb = nbformat.read(path, as_version=4)
+        key = render_cache.cache_key(nb, path, small)
+        hit = render_cache.load(out / '.cache', path.stem, key, nb) if cache else None
+        if hit:
+            (setup, seconds), error = hit, None
+            echo('      unchanged since its last run: outputs from the cache (--no-cache runs it)')
+        else:
+            nb, setup, seconds, error = execute_notebook(path, small, timeout)
+            if error is None:
+                render_cache.store(out / '.cache', path.stem, key, nb, setup, seconds)
         page = path.stem + '.html'
         tier = next((line.strip() for line in _first_output_lines(nb)
                      if line.startswith('hardware tier')), None)
@@ -347,6 +362,8 @@ def add_arguments(parser):
                         help='folder of the numbered notebooks (default notebooks)')
     parser.add_argument('--timeout', type=float, default=1800,
                         help='seconds one cell may run before it counts as failed (default 1800)')
+    parser.add_argument('--no-cache', dest='cache', action='store_false',
+                        help='run every notebook, even one unchanged since its last run')
     parser.add_argument('--solutions', action='store_true',
                         help='also render notebooks/solutions/ (for instructors)')
     parser.add_argument('only', nargs='*', metavar='NOTEBOOK',
@@ -357,7 +374,8 @@ def run(args):
     """Run the html command from parsed arguments; return the exit status."""
     try:
         results = render_course(args.notebooks, args.out, small=args.small,
-                                timeout=args.timeout, only=args.only, solutions=args.solutions)
+                                timeout=args.timeout, only=args.only, solutions=args.solutions,
+                                cache=args.cache)
     except ValueError as e:
         print(e, file=sys.stderr)
         return 2

@@ -17,7 +17,7 @@ import os
 import tempfile
 from pathlib import Path
 
-__all__ = ['save_cells', 'saved_source']
+__all__ = ['save_cells', 'saved_source', 'used_imports']
 
 MARK = '#@save'
 
@@ -42,23 +42,19 @@ def _bound(alias, node):
     return alias.name if isinstance(node, ast.ImportFrom) else alias.name.split('.')[0]
 
 
-def saved_source(cells, module=None):
-    """Return a module's text: the imports its `#@save` cells use, then those cells.
+def used_imports(cells, saved, module=None):
+    """Return the import lines of `cells` that bind a name the `saved` sources use.
 
-    `cells` are source strings in the order they ran. An import is kept when a saved
-    cell uses a name it binds (so every rank importing the module skips, say,
-    matplotlib); imports of `module` itself are left out (a script imports the module,
-    not the other way round).
+    `cells` are source strings in the order they ran (cells that do not parse are
+    skipped); imports of `module` itself are left out.
     """
-    imports, saved = [], []
+    imports = []
     for source in cells:
         try:
             tree = ast.parse(source)
         except SyntaxError:  # a cell that failed to parse never defined anything
             continue
         imports += [node for node in tree.body if _is_import(node)]
-        if source.lstrip().startswith(MARK):
-            saved.append(source.strip())
     used = {node.id for source in saved for node in ast.walk(ast.parse(source))
             if isinstance(node, ast.Name)}
     lines = []
@@ -72,6 +68,26 @@ def saved_source(cells, module=None):
         line = ast.unparse(node)
         if node.names and line not in lines:
             lines.append(line)
+    return lines
+
+
+def saved_source(cells, module=None):
+    """Return a module's text: the imports its `#@save` cells use, then those cells.
+
+    `cells` are source strings in the order they ran. An import is kept when a saved
+    cell uses a name it binds (so every rank importing the module skips, say,
+    matplotlib); imports of `module` itself are left out (a script imports the module,
+    not the other way round).
+    """
+    saved = []
+    for source in cells:
+        try:
+            ast.parse(source)
+        except SyntaxError:
+            continue
+        if source.lstrip().startswith(MARK):
+            saved.append(source.strip())
+    lines = used_imports(cells, saved, module)
     header = '"""The #@save cells of a notebook, written by d2lpar.save_cells."""'
     return '\n\n\n'.join([header + '\n' + '\n'.join(lines), *saved]) + '\n'
 

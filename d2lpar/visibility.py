@@ -14,10 +14,12 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import torch
 
 from .devices import gpu_problem, num_gpus
+from .processes import environment
 
 __all__ = ['choose_gpu', 'parse_visible_devices', 'visible_gpus', 'misspelled_cuda_vars',
            'run_with_mask', 'run_with_masks']
@@ -175,41 +177,8 @@ def misspelled_cuda_vars(environ=None):
     return sorted(suspects)
 
 
-# The child runs the snippet or script first (so that it can set variables
-# before anything imports torch), then reports as one JSON line. It counts
-# devices after initialising CUDA: before that, torch.cuda.device_count()
-# asks NVML and re-reads the environment, which the driver no longer does
-# (since torch 2.12 it asks the runtime once CUDA has started). GPUs that NVML
-# counts while CUDA cannot start (a driver too old for the build) are not usable:
-# they count as none, as in d2lpar.num_gpus.
-_CHILD = r'''
-import json, os, runpy, sys
-spec = json.loads(sys.argv[1])
-report = {}
-if spec['script'] is None:
-    exec(compile(spec['code'], '<snippet>', 'exec'), {'__name__': '__main__', 'report': report})
-else:
-    sys.argv = [spec['script'], *spec['args']]
-    runpy.run_path(spec['script'], init_globals={'report': report}, run_name='__main__')
-import torch
-available = torch.cuda.is_available()
-if available:
-    torch.cuda.init()
-props = [torch.cuda.get_device_properties(i)
-         for i in range(torch.cuda.device_count() if available else 0)]
-seen = {
-    'pid': os.getpid(),
-    'mask': os.environ.get('CUDA_VISIBLE_DEVICES'),
-    'cuda_available': available,
-    'device_count': len(props),
-    'names': [p.name for p in props],
-    'uuids': [str(getattr(p, 'uuid', '')) for p in props],
-    'env': {k: v for k, v in os.environ.items()
-            if 'CUDA' in k.upper() or 'VISIBLE' in k.upper() or k.startswith('OMP_')},
-    'report': report,
-}
-print('\n' + spec['marker'] + json.dumps(seen, default=str), flush=True)
-'''
+# Runs in each child: see its docstring.
+_CHILD = Path(__file__).with_name('programs') / 'mask_child.py'
 _MARKER = '@@d2lpar-child-report@@ '
 
 
@@ -233,18 +202,8 @@ def _check_code(code):
 
 
 def _check_env(env):
-    if env is None:
-        return
-    if not isinstance(env, dict):
-        raise TypeError(f'env must be a dict of variable names to strings (None unsets), '
-                        f'got {type(env).__name__}')
-    for k, v in env.items():
-        if not isinstance(k, str) or not (v is None or isinstance(v, str)):
-            raise TypeError(f'env[{k!r}] = {v!r}: names and values must be strings '
-                            f'(or None to unset the variable)')
-        if k == _MASK_VAR:
-            raise ValueError('pass the CUDA_VISIBLE_DEVICES value as the mask argument, '
-                             'not in env')
+    if _MASK_VAR in environment(env):
+        raise ValueError('pass the CUDA_VISIBLE_DEVICES value as the mask argument, not in env')
 
 
 def _child_env(mask, env):
@@ -252,7 +211,7 @@ def _child_env(mask, env):
     child.pop(_MASK_VAR, None)
     if mask is not None:
         child[_MASK_VAR] = mask
-    for k, v in (env or {}).items():
+    for k, v in environment(env).items():
         if v is None:
             child.pop(k, None)
         else:
@@ -288,7 +247,7 @@ def _run_one(spec, env, timeout, live, lock, cancelled):
     with lock:
         if cancelled.is_set():
             return None
-        proc = subprocess.Popen([sys.executable, '-c', _CHILD, json.dumps(spec)], **kwargs)
+        proc = subprocess.Popen([sys.executable, str(_CHILD), json.dumps(spec)], **kwargs)
         live.add(proc)
     tik = time.perf_counter()
     try:

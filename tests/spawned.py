@@ -1,5 +1,14 @@
-"""Run a test's function on every rank of a small gloo group of spawned processes."""
+"""The one multi-process test harness: a test's function on every rank of a small gloo group.
+
+    run_ranks(fn, n, *args)  {rank: fn(rank, n, *args)}, for tests that compare values
+    spawn(fn, n, *args)      fn(rank, n, *args) on every rank, for tests that assert inside
+
+`fn` must be importable (defined at the top of a test module). A rank that dies fails the
+test at once instead of leaving the others waiting.
+"""
 import datetime
+import faulthandler
+import gc
 import os
 import queue as queue_module
 
@@ -10,24 +19,39 @@ import torch.multiprocessing as mp
 import d2lpar
 
 
-def _rank_main(fn, rank, world_size, port, args, results):
-    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port))
+def _in_group(fn, rank, world_size, port, args):
+    """Join the gloo group as `rank`, return fn(rank, world_size, *args), then leave it."""
+    faulthandler.enable()  # a crash in C++ (SIGABRT, SIGSEGV) still shows the Python stack
+    os.environ['OMP_NUM_THREADS'] = '1'
     torch.set_num_threads(1)  # the ranks share this machine's few cores
-    dist.init_process_group('gloo', rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank,
+                            world_size=world_size, timeout=datetime.timedelta(seconds=60))
     try:
-        # plain Python values: a tensor in a queue is shared memory that dies with this process
-        results.put((rank, fn(rank, world_size, *args)))
+        return fn(rank, world_size, *args)
     finally:
+        # Free DDP wrappers (kept alive by reference cycles) while their process group
+        # still exists: left to interpreter shutdown, gloo can abort the process.
+        gc.collect()
         dist.destroy_process_group()
 
 
-def run_ranks(fn, world_size, *args):
-    """Return {rank: fn(rank, world_size, *args)} computed on `world_size` gloo processes.
+def _rank_main(fn, rank, world_size, port, args, results):
+    # plain Python values: a tensor in a queue is shared memory that dies with this process
+    results.put((rank, _in_group(fn, rank, world_size, port, args)))
 
-    `fn` must be importable (defined at the top of a test module). A rank that
-    dies fails the test at once instead of leaving the others waiting.
-    """
+
+def _spawned(rank, fn, world_size, port, args):
+    _in_group(fn, rank, world_size, port, args)
+
+
+def spawn(fn, world_size, *args):
+    """Run fn(rank, world_size, *args) in `world_size` fresh processes joined by gloo."""
+    # An exception in one rank ends the others and is re-raised here by mp.spawn.
+    mp.spawn(_spawned, args=(fn, world_size, d2lpar.free_port(), args), nprocs=world_size)
+
+
+def run_ranks(fn, world_size, *args):
+    """Return {rank: fn(rank, world_size, *args)} computed on `world_size` gloo processes."""
     ctx = mp.get_context('spawn')
     results = ctx.Queue()
     port = d2lpar.free_port()

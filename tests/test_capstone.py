@@ -7,10 +7,10 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor.debug import CommDebugMode
+from spawned import run_ranks
 
 import d2lpar
 from d2lpar import capstone
-from spawned import run_ranks
 
 MODEL = dict(vocab=16, dim=16, num_heads=4, hidden=32, num_layers=2)
 STEPS, NUM_SEQS, SEQ_LEN, LR = 1, 8, 8, 0.5  # one step shows every bug in the parameters

@@ -1,41 +1,15 @@
 """Hand-written collectives, checked against torch.distributed's own on real gloo process groups."""
-import datetime
-import gc
-import faulthandler
-import os
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-import d2lpar
 from d2lpar import collectives as C
 from d2lpar.distributed import count_calls
+from spawned import spawn
 
 OPS = [dist.ReduceOp.SUM, dist.ReduceOp.PRODUCT, dist.ReduceOp.MIN, dist.ReduceOp.MAX]
 DTYPES = [torch.float32, torch.float64, torch.int64, torch.int32]
-
-
-def _entry(rank, fn, world_size, port, args):
-    faulthandler.enable()  # a crash in C++ (SIGABRT, SIGSEGV) still shows the Python stack
-    os.environ['OMP_NUM_THREADS'] = '1'
-    torch.set_num_threads(1)
-    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank,
-                            world_size=world_size, timeout=datetime.timedelta(seconds=60))
-    try:
-        fn(rank, world_size, *args)
-    finally:
-        # Free DDP wrappers (kept alive by reference cycles) while their process group
-        # still exists: left to interpreter shutdown, gloo can abort the process.
-        gc.collect()
-        dist.destroy_process_group()
-
-
-def spawn(fn, world_size, *args):
-    """Run fn(rank, world_size, *args) in `world_size` fresh processes joined by gloo."""
-    # An exception in one rank ends the others and is re-raised here by mp.spawn.
-    mp.spawn(_entry, args=(fn, world_size, d2lpar.free_port(), args), nprocs=world_size)
 
 
 def _data(rank, numel, dtype, seed):

@@ -3,10 +3,10 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from spawned import run_ranks
 
 from d2lpar import context_parallel as CP
 from d2lpar.distributed import count_calls
-from spawned import run_ranks
 
 EPS = torch.finfo(torch.float64).eps
 

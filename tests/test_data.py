@@ -8,7 +8,7 @@ import torch
 import torchvision
 
 import d2lpar
-from d2lpar import data
+from d2lpar import data, data_files
 
 
 @pytest.fixture(scope='module')
@@ -65,8 +65,8 @@ def test_resize(standin_root):
 
 
 def test_generation_is_deterministic(standin_root, tmp_path):
-    data.make_standin(tmp_path)
-    manifest = data.MANIFEST
+    data_files.make_standin(tmp_path)
+    manifest = data_files.MANIFEST
     assert (tmp_path / manifest).read_text() == (raw_of(standin_root) / manifest).read_text()
 
 
@@ -83,20 +83,20 @@ def test_damaged_standin_is_regenerated(standin_root, tmp_path, capsys, damage):
         victim.unlink()
     else:
         victim.write_bytes(b'\x00\x00\x08\x01' + original[4:])
-    assert data._standin_problem(raw_of(root)) is not None
+    assert data_files._standin_problem(raw_of(root)) is not None
     d2lpar.load_data_fashion_mnist(256, root=root)
     assert 'Regenerating' in capsys.readouterr().err
     assert victim.read_bytes() == original
-    assert data._standin_problem(raw_of(root)) is None
+    assert data_files._standin_problem(raw_of(root)) is None
 
 
 def fake_real(standin_root, root):
     """Put files that pass every offline check of the real data set under `root`."""
     real = root / 'FashionMNIST' / 'raw'
     real.mkdir(parents=True)
-    for name in data.FILES:
+    for name in data_files.FILES:
         payload = (raw_of(standin_root) / name).read_bytes()
-        if name in data.PER_CLASS:  # balanced labels, as the real data set has
+        if name in data_files.PER_CLASS:  # balanced labels, as the real data set has
             payload = payload[:8] + bytes(i % 10 for i in range(len(payload) - 8))
         (real / name).write_bytes(payload)
     return real
@@ -143,7 +143,7 @@ def test_atomic_write_leaves_no_partial_file(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, 'replace', crash)
     with pytest.raises(OSError, match='disk full'):
-        data._atomic_write(target, b'new contents')
+        data_files._atomic_write(target, b'new contents')
     assert target.read_bytes() == b'old'
     assert [p.name for p in tmp_path.iterdir()] == ['file.bin']
 
@@ -155,7 +155,7 @@ def test_two_processes_prepare_at_once(tmp_path):
     for p in procs:
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err
-    assert data._standin_problem(raw_of(tmp_path)) is None
+    assert data_files._standin_problem(raw_of(tmp_path)) is None
     assert not [p for p in raw_of(tmp_path).iterdir() if p.name.endswith('.tmp')]
 
 
@@ -246,7 +246,7 @@ def test_what_an_interrupted_writer_left_is_removed(standin_root, tmp_path, caps
     err = capsys.readouterr().err
     assert not leftover.exists() and not download.exists()
     assert 'Removed what an interrupted write left' in err and leftover.name in err
-    assert data._standin_problem(raw_of(root)) is None
+    assert data_files._standin_problem(raw_of(root)) is None
 
 
 def test_leftovers_of_a_writer_at_work_are_kept(tmp_path):

@@ -259,7 +259,8 @@ class _Anything:
 def test_an_unindexed_cuda_device_means_the_current_one(monkeypatch):
     """Issue 18, defect 8: replicate refused a module on cuda:0 when given devices=['cuda', ...]."""
     from types import SimpleNamespace
-    from d2lpar.dataparallel import _check_replicate, _normalize_devices
+
+    from d2lpar.checks.nb03_data_parallel import _check_replicate, _normalize_devices
 
     # Why the devices are normalised: a CUDA tensor's .device always has an index.
     assert torch.device('cuda').index is None and torch.device('cuda') != torch.device('cuda', 0)
@@ -287,20 +288,20 @@ def test_an_unindexed_cuda_device_means_the_current_one(monkeypatch):
 
 
 def test_every_entry_point_normalises_its_devices(monkeypatch):
-    from d2lpar import dataparallel as dp
+    from d2lpar.checks import nb03_data_parallel as checks03
 
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)  # as on a 2-GPU machine
     monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
     monkeypatch.setattr(torch.cuda, 'current_device', lambda: 1)
     cuda1 = torch.device('cuda', 1)
     X, net = torch.ones(4, 2), nn.Linear(2, 2)
-    (_, devices, _), _ = dp._check_scatter_inputs(X, ['cuda', 'cuda:0'])
+    (_, devices, _), _ = checks03._check_scatter_inputs(X, ['cuda', 'cuda:0'])
     assert devices == [cuda1, torch.device('cuda', 0)]
-    (_, _, devices, output_device, _), _ = dp._check_data_parallel(net, X, ['cuda'], 'cuda')
+    (_, _, devices, output_device, _), _ = checks03._check_data_parallel(net, X, ['cuda'], 'cuda')
     assert devices == [cuda1] and output_device == cuda1
-    (_, _, devices, output_device, _), _ = dp._check_hand_data_parallel(None, net, ['cuda'], 'cuda')
+    (_, _, devices, output_device, _), _ = checks03._check_hand_data_parallel(None, net, ['cuda'], 'cuda')
     assert devices == [cuda1] and output_device == cuda1
-    (_, output_device, _), _ = dp._check_gather([X, X], 'cuda')
+    (_, output_device, _), _ = checks03._check_gather([X, X], 'cuda')
     assert output_device == cuda1
     # The checked functions are called with what the checks return.
     hand = d2lpar.HandDataParallel(net, ['cpu', 'cpu'], output_device='cpu')

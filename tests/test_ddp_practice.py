@@ -4,11 +4,11 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
+from spawned import run_ranks
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from spawned import run_ranks
 from d2lpar import ddp_practice
 from d2lpar.distributed import count_calls
 
@@ -304,6 +304,7 @@ def test_profile_intervals_drops_the_gpu_copies_of_each_range():
 def test_loader_pins_only_where_the_dataloader_really_pins(monkeypatch):
     # issue 24, defect 3: on Apple's MPS the DataLoader turns pin_memory off with a warning
     import warnings
+
     from torch.utils.data import DataLoader, TensorDataset
     assert ddp_practice.loader_pins() == torch.accelerator.is_available()  # no MPS here
     monkeypatch.setattr(torch.accelerator, 'is_available', lambda: True)

@@ -551,7 +551,7 @@ def test_shard_rows_reference_agrees_with_torch_chunk():
 
 
 def test_bubble_reference_agrees_with_d2lpar_and_the_hand_formula():
-    from d2lpar.exercises import _gpipe_idle
+    from d2lpar.exercises.model_parallel import _gpipe_idle
     for p in range(1, 6):
         for m in range(1, 9):
             for t_backward in (1, 2, 3):
@@ -623,7 +623,7 @@ def test_notebook_stubs_are_not_attempted_and_never_raise(path):
             assert 'not attempted yet' in seen, seen
 
 
-# ------------------------------------------------- notebook 11: the row-parallel linear
+# ------------------------------------------------- notebook 12: the row-parallel linear
 
 def _row_blocks(X, weight, n, weight_dim=1):
     return X.chunk(n, dim=1), weight.chunk(n, dim=weight_dim)

@@ -3,6 +3,7 @@
 Each test that starts processes checks afterwards that none of them survives and that
 the port is free again, whether the ranks succeeded, crashed, hung or were interrupted.
 """
+import _thread
 import os
 import shutil
 import signal
@@ -13,13 +14,11 @@ import tempfile
 import textwrap
 import threading
 import time
-import _thread
 from pathlib import Path
 
 import pytest
 
-from d2lpar.launch import (LaunchResult, end_processes, launch, launched_processes,
-                           port_is_free)
+from d2lpar.launch import LaunchResult, end_processes, launch, launched_processes, port_is_free
 
 HERE = Path(__file__).resolve().parent
 PROBE = HERE / 'scripts' / 'launch_probe.py'

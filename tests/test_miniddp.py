@@ -5,12 +5,12 @@ import math
 import pytest
 import torch
 import torch.distributed as dist
+from test_collectives import spawn
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from d2lpar.distributed import count_calls
 from d2lpar.miniddp import BucketDDP, HookDDP, MiniDDP, make_buckets
-from test_collectives import spawn
 
 STEPS, BATCH = 4, 8
 

@@ -123,6 +123,7 @@ def test_notebooks_are_valid_nbformat_with_cell_ids():
 
 def test_an_older_torch_is_named_and_the_floor_matches_pyproject():
     import re
+
     from d2lpar import info
     text = (Path(__file__).resolve().parent.parent / 'pyproject.toml').read_text()
     floor = re.search(r'"torch>=(\d+)\.(\d+)"', text).groups()
@@ -131,3 +132,20 @@ def test_an_older_torch_is_named_and_the_floor_matches_pyproject():
     assert info.torch_problem('1.13.0') is not None
     assert info.torch_problem('2.13.0+cpu') is None and info.torch_problem('2.15.0') is None
     assert info.torch_problem('2.16.0a0+git123') is None and info.torch_problem('3.0') is None
+
+
+def test_notebooks_are_normalized_and_normalizing_keeps_every_cell_id():
+    from d2lpar.tools import notebooks as normalize
+    for path in sorted((ROOT / 'notebooks').glob('**/*.ipynb')):
+        text = path.read_text()
+        assert normalize.normalized(text) == text, f'{path.name}: run `make normalize`'
+    # A cell without an id gets one; the others keep theirs, and a second pass changes nothing.
+    nb = json.loads((ROOT / 'notebooks' / '03_data_parallel.ipynb').read_text())
+    ids = [c['id'] for c in nb['cells']]
+    del nb['cells'][5]['id']
+    nb['cells'][7]['outputs'] = [{'output_type': 'stream', 'name': 'stdout', 'text': ['x\n']}]
+    once = normalize.normalized(json.dumps(nb))
+    again = json.loads(once)
+    new_ids = [c['id'] for c in again['cells']]
+    assert new_ids[:5] + new_ids[6:] == ids[:5] + ids[6:] and new_ids[5] not in ids
+    assert again['cells'][7]['outputs'] == [] and normalize.normalized(once) == once

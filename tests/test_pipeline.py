@@ -4,6 +4,7 @@ import math
 import pytest
 import torch
 from torch import nn
+from spawned import spawn
 
 import d2lpar
 
@@ -217,27 +218,6 @@ def test_model_parallel_accepts_device_names():
 
 # What notebook 4 says about DDP and a split model (shown there, not run, as notebook 5's subject).
 
-def _ddp_entry(rank, world_size, port, fn):
-    import datetime
-    import gc
-    import os
-    import torch.distributed as dist
-    os.environ['OMP_NUM_THREADS'] = '1'
-    torch.set_num_threads(1)
-    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank,
-                            world_size=world_size, timeout=datetime.timedelta(seconds=60))
-    try:
-        fn(rank, world_size)
-    finally:
-        gc.collect()  # free the DDP wrappers while their process group still exists
-        dist.destroy_process_group()
-
-
-def _spawn(fn, world_size):
-    import torch.multiprocessing as mp
-    mp.spawn(_ddp_entry, args=(world_size, d2lpar.free_port(), fn), nprocs=world_size)
-
-
 def _split_model_under_ddp(rank, world_size):
     from torch.nn.parallel import DistributedDataParallel as DDP
     net = mlp()
@@ -253,7 +233,7 @@ def _split_model_under_ddp(rank, world_size):
 
 
 def test_ddp_wraps_a_split_model_without_device_ids():
-    _spawn(_split_model_under_ddp, 2)
+    spawn(_split_model_under_ddp, 2)
 
 
 def _two_gpu_split_refuses_device_ids(rank, world_size):
@@ -272,7 +252,7 @@ def _two_gpu_split_refuses_device_ids(rank, world_size):
 # GPUs that a too-old driver cannot run, and the test would then fail instead of skipping.
 @pytest.mark.skipif(d2lpar.num_gpus() < 2, reason='needs two GPUs that CUDA can use')
 def test_ddp_refuses_device_ids_for_a_model_split_over_two_gpus():
-    _spawn(_two_gpu_split_refuses_device_ids, 1)
+    spawn(_two_gpu_split_refuses_device_ids, 1)
 
 
 def test_tensors_where_lists_belong_and_inputs_the_net_cannot_take():

@@ -123,6 +123,33 @@ def test_full_size_is_the_default(tmp_path):
     assert 'Workload: full size' in page and 'workload: full' in page
 
 
+def test_an_unchanged_notebook_is_not_run_again(tmp_path):
+    """The cache skips a run while the code is unchanged, and runs it again after a code edit."""
+    notebooks, out, lines = tmp_path / 'nb', tmp_path / 'out', []
+    notebooks.mkdir()
+    counts = 'import pathlib\nruns = pathlib.Path("runs.txt")\nruns.write_text(runs.read_text() + "x" ' \
+             'if runs.exists() else "x")\nprint("run number", len(runs.read_text()))'
+    write_notebook(notebooks / '01_count.ipynb', ['# Counting runs', counts])
+    runs = notebooks / 'runs.txt'
+
+    def render_it(**kw):
+        [result] = render.render_course(notebooks, out, small=True, timeout=300, echo=lines.append, **kw)
+        return result, (out / '01_count.html').read_text()
+
+    first, _ = render_it()
+    second, page = render_it()
+    assert first.ok and second.ok and runs.read_text() == 'x'  # the second render ran nothing
+    assert 'run number 1' in page and any('from the cache' in line for line in lines)
+    write_notebook(notebooks / '01_count.ipynb', ['# Counting runs, retitled', counts])
+    _, page = render_it()
+    assert runs.read_text() == 'x' and 'retitled' in page and 'run number 1' in page  # Markdown only
+    write_notebook(notebooks / '01_count.ipynb', ['# Counting runs', counts + '\nprint("edited")'])
+    _, page = render_it()
+    assert runs.read_text() == 'xx' and 'edited' in page  # a code edit runs it again
+    render_it(cache=False)
+    assert runs.read_text() == 'xxx'
+
+
 def test_bad_requests_get_clear_errors(tmp_path, capsys):
     with pytest.raises(ValueError, match='not a folder of notebooks'):
         render.find_notebooks(tmp_path / 'missing')

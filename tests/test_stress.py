@@ -1,4 +1,4 @@
-"""tests/stress.py reports failing cells and what a run left behind, and ends it."""
+"""verify/stress.py reports failing cells and what a run left behind, and ends it."""
 import json
 import os
 import re
@@ -6,8 +6,7 @@ import shutil
 import tempfile
 
 import pytest
-
-import stress
+from verify import stress
 
 CELLS = [
     'import subprocess, tempfile\nx = 1',

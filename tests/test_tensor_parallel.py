@@ -2,9 +2,9 @@
 
 import pytest
 import torch
+from spawned import run_ranks
 from torch import nn
 
-from spawned import run_ranks
 from d2lpar import tensor_parallel as tp
 from d2lpar.distributed import count_calls
 
@@ -148,7 +148,8 @@ def block_worker(rank, world_size):
     for name, make, inputs in [('unsplit', lambda b: b, (X, keep, weights)),
                                ('megatron', tp.megatron_block, (X, keep, weights)),
                                ('sp', tp.sequence_parallel_block, (mine(X), [mine(k) for k in keep], mine(weights))),
-                               ('sp_unsummed', tp.sequence_parallel_block, (mine(X), [mine(k) for k in keep], mine(weights)))]:
+                               ('sp_unsummed', tp.sequence_parallel_block,
+                                (mine(X), [mine(k) for k in keep], mine(weights)))]:
         block, Xi = make(make_block()), inputs[0].clone().requires_grad_()
         with tp.count_wire_bytes() as wire:
             out = block(Xi, inputs[1])

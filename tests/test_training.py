@@ -4,7 +4,7 @@ import torch
 from torch.nn import functional as F
 
 import d2lpar
-from d2lpar.training import _check_splits
+from d2lpar.checks.nb08_lenet_data_parallel import _check_splits
 
 CPU = torch.device('cpu')
 
@@ -112,7 +112,7 @@ def test_a_failed_step_leaves_no_gradient_for_the_next(monkeypatch):
 
     # Every forward runs before any backward, so a failed forward leaves no gradient
     # behind that the next step would add to its own.
-    monkeypatch.setattr(d2lpar.training, 'lenet', fails_on_the_second_slot)
+    monkeypatch.setattr(d2lpar.lessons.nb08_lenet_data_parallel, 'lenet', fails_on_the_second_slot)
     with pytest.raises(RuntimeError, match='simulated'):
         d2lpar.train_batch(X, y, replicas, [CPU, CPU], 0.1)
     monkeypatch.undo()

@@ -237,8 +237,8 @@ def test_run_with_masks_bad_input(tmp_path):
         d2lpar.run_with_mask('0', script=tmp_path / 'missing.py')
     with pytest.raises(ValueError, match='mask argument'):
         d2lpar.run_with_mask(None, env={'CUDA_VISIBLE_DEVICES': '0'})
-    with pytest.raises(TypeError, match='strings'):
-        d2lpar.run_with_mask('0', env={'OMP_NUM_THREADS': 1})
+    with pytest.raises(TypeError, match='a string, a number or None'):
+        d2lpar.run_with_mask('0', env={'OMP_NUM_THREADS': [1]})
     with pytest.raises(TypeError, match='dict'):
         d2lpar.run_with_masks(['0'], env=('OMP_NUM_THREADS=1',))
     with pytest.raises(TypeError, match='args'):

@@ -8,22 +8,22 @@ raises, and a stub that still raises NotImplementedError (reported as "not
 attempted yet") all become verdicts with a message and a hint.
 """
 from ._verdict import Verdict
-from .single_device import check_pick_device
-from .visible_devices import check_visible_count
+from .capstone import check_choose_layout
+from .collectives import check_broadcast_schedule
+from .context_expert import check_online_softmax_merge
 from .data_parallel import check_load_checkpoint
-from .model_parallel import _gpipe_idle, check_unbalanced_bubble
 from .ddp import check_sampler
 from .ddp_launching import check_slurm_ranks
-from .lenet import check_ring_allreduce, check_split_batch
-from .collectives import check_broadcast_schedule
 from .ddp_practice import check_accumulation
-from .sharding import check_zero2_hook
-from .fsdp import check_shard_rows
-from .tensor_parallel import check_row_parallel_linear
-from .pipeline_parallel import check_interleaved_stages
-from .context_expert import check_online_softmax_merge
 from .fault_tolerance import check_checkpoint_interval
-from .capstone import check_choose_layout
+from .fsdp import check_shard_rows
+from .lenet import check_ring_allreduce, check_split_batch
+from .model_parallel import check_unbalanced_bubble
+from .pipeline_parallel import check_interleaved_stages
+from .sharding import check_zero2_hook
+from .single_device import check_pick_device
+from .tensor_parallel import check_row_parallel_linear
+from .visible_devices import check_visible_count
 
 __all__ = ['Verdict', 'check_pick_device', 'check_visible_count', 'check_load_checkpoint',
            'check_unbalanced_bubble', 'check_sampler', 'check_ring_allreduce',

@@ -3,7 +3,6 @@ import random
 
 import torch
 
-
 _LABELS = {'passed': 'passed', 'failed': 'not right yet', 'not attempted': 'not attempted yet'}
 
 

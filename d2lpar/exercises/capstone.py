@@ -2,7 +2,7 @@
 import itertools
 
 from ..capstone import layout_cost
-from ._verdict import _Fail, _call, _checker
+from ._verdict import _call, _checker, _Fail
 
 _DIMS = ('pp', 'dp', 'fsdp', 'tp')
 _RULE = ('try every layout whose degrees multiply to world_size (pp dividing num_layers), keep '

@@ -1,7 +1,7 @@
 """Checker of notebook 9: a tree broadcast schedule."""
 import math
 
-from ._verdict import _Fail, _checker, _call
+from ._verdict import _call, _checker, _Fail
 
 
 def _rounds(schedule, case):

@@ -1,7 +1,7 @@
 """Checker of notebook 14: the online-softmax merge of two partial attention results."""
 import torch
 
-from ._verdict import _Fail, _call, _checker
+from ._verdict import _call, _checker, _Fail
 
 # Float64 rounds each operation to about 1e-16 relative; a merge does a handful of them, so
 # the right answer agrees with softmax(s) @ V to ~1e-15. Every mistake below is off by far

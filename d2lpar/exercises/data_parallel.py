@@ -4,7 +4,7 @@
 import torch
 from torch import nn
 
-from ._verdict import _Fail, _checker, _call
+from ._verdict import _call, _checker, _Fail
 
 
 class _Block(nn.Module):

@@ -1,7 +1,7 @@
 """Checker of notebook 5: a DistributedSampler without padding."""
 import torch
 
-from ._verdict import _Fail, _checker, _call
+from ._verdict import _call, _checker, _Fail
 
 
 class _Sized:

@@ -4,7 +4,7 @@ import contextlib
 import torch
 from torch import nn
 
-from ._verdict import _Fail, _call, _checker
+from ._verdict import _call, _checker, _Fail
 
 
 class _StandInDDP(nn.Module):

@@ -1,5 +1,5 @@
 """Checker of notebook 11 (FSDP2 in practice): how many rows a rank holds under Shard(0)."""
-from ._verdict import _Fail, _call, _checker
+from ._verdict import _call, _checker, _Fail
 
 
 def _reference(num_rows, n, rank):

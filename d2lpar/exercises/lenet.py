@@ -4,9 +4,9 @@ import math
 import torch
 from torch.overrides import TorchFunctionMode
 
+from ..checks.nb08_lenet_data_parallel import _memory
 from ..devices import device_slots
-from ..parallel import _memory
-from ._verdict import _Fail, _checker, _call
+from ._verdict import _call, _checker, _Fail
 
 
 def _slot_tensors(rng, generator, k, shape, dtype):

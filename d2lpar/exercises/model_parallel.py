@@ -1,7 +1,7 @@
 """Checker of notebook 4: the bubble of an unbalanced pipeline."""
 import math
 
-from ._verdict import _Fail, _checker, _call
+from ._verdict import _call, _checker, _Fail
 
 
 def _gpipe_idle(stage_times, m, backward=1.0):

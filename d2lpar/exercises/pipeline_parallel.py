@@ -1,5 +1,5 @@
 """Checker of notebook 13: which stages each rank holds under interleaved and V-shaped schedules."""
-from ._verdict import _Fail, _call, _checker
+from ._verdict import _call, _checker, _Fail
 
 _RULE = ("'loop': rank r holds stages r, r + p, r + 2p, ... (one stage per lap around the ranks); "
          "'v' (v = 2): rank r holds stage r on the way down and 2p - 1 - r on the way back")

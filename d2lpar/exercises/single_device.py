@@ -1,7 +1,7 @@
 """Checker of notebook 1: choosing a GPU by index."""
 import torch
 
-from ._verdict import _Fail, _checker, _call
+from ._verdict import _call, _checker, _Fail
 
 
 @_checker('pick_device(i, num_gpus)', 'pick_device')

@@ -1,7 +1,7 @@
 """Checker of notebook 12: a row-parallel linear's forward and backward, simulated for N ranks in one process."""
 import torch
 
-from ._verdict import _Fail, _call, _checker
+from ._verdict import _call, _checker, _Fail
 
 _SPLIT = ('a row-parallel linear splits the input features: X.chunk(n, dim=1) and the weight\'s '
           'columns, weight.chunk(n, dim=1); the weight\'s rows (dim 0) are the column-parallel split')
@@ -23,7 +23,10 @@ class _AllReduce:
 
 
 def _reference(X, weight, bias, grad_output, n):
-    """What rank r holds after forward and backward: output, input-gradient block, weight-gradient block, bias gradient."""
+    """What rank r holds after forward and backward.
+
+    Its output, input-gradient block, weight-gradient block and bias gradient.
+    """
     out = X @ weight.T + bias
     grad_X, grad_W, grad_b = grad_output @ weight, grad_output.T @ X, grad_output.sum(0)
     return [(out, gx, gw, grad_b) for gx, gw in zip(grad_X.chunk(n, 1), grad_W.chunk(n, 1))]

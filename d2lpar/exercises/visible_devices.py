@@ -1,6 +1,6 @@
 """Checker of notebook 2: what a CUDA_VISIBLE_DEVICES mask shows."""
 from ..visibility import visible_gpus
-from ._verdict import _Fail, _checker, _call
+from ._verdict import _call, _checker, _Fail
 
 
 def _random_masks(rng, n):

@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from verify.mutants.registry import Mutant, load  # noqa: E402
+from verify.mutants.registry import load  # noqa: E402
 
 ANSI = re.compile(r'(\x1b|#x1B)\[[0-9;]*m')
 ARROW = re.compile(r'^-*>\s*\d+\s(.*)$')  # IPython marks the failing line with ---->
@@ -462,7 +462,7 @@ def main(argv=None):
         counts[row.verdict] = counts.get(row.verdict, 0) + 1
     bad = [r for r in rows if r.verdict != 'CAUGHT']
     if control_rows:
-        print(f'controls: ' + ', '.join(f'{c.notebook} {c.verdict}' for c in control_rows))
+        print('controls: ' + ', '.join(f'{c.notebook} {c.verdict}' for c in control_rows))
     if bad:
         print('\nnot caught by their check:')
         for row in bad:

@@ -1,4 +1,9 @@
-"""Argument checks shared by the modules, so every caller words an error the same way."""
+"""Argument checks: `checked` and the checkers shared by every chapter's checks module.
+
+d2lpar/checks/nbNN_<name>.py holds the checks of what notebook NN teaches, in a table
+`CHECKS` keyed by the name of the definition it guards ('f' or 'Class.method'); `make lib`
+writes `@checked(CHECKS[name])` above that definition in d2lpar/lessons/nbNN_<name>.py.
+"""
 import functools
 import inspect
 import math
@@ -56,10 +61,9 @@ def existing_device(device, caller, name='device'):
 def checked(check):
     """Run `check` on a function's arguments before the function itself.
 
-    Keeps argument validation out of the algorithm, so that a function of the
-    package reads exactly as the notebook cell that teaches it (d2l's `#@save`
-    convention, compared by tests/test_saved_cells.py, which ignores this
-    decorator). `check` takes the same arguments and raises a TypeError or
+    Keeps argument validation out of the algorithm, so that a lesson module reads exactly as
+    the notebook cells it is generated from (the checks live in d2lpar/checks/, and `make lib`
+    applies them). `check` takes the same arguments and raises a TypeError or
     ValueError that names what was wrong; if it returns a pair (args, kwargs),
     the function is called with those instead (e.g. devices made torch.device).
     """

@@ -1,7 +1,7 @@
 """Run every notebook and solution several times under CPU load, and report flaky cells.
 
     make stress                                   # 5 runs of each, one busy process per core
-    python tests/stress.py --runs 3 --load 1 notebooks/05_ddp.ipynb
+    python verify/stress.py --runs 3 --load 1 notebooks/05_ddp.ipynb
 
 Each run executes one notebook exactly as the test suite does (`python -m
 pytest NOTEBOOK`, so with conftest.py's small workload and the offline data),

@@ -1,8 +1,8 @@
 """Try the notebooks as a learner would: in JupyterLab, in a real browser, with Run All.
 
     make labcheck                                       # every notebook, small workload
-    python tests/labcheck.py --full notebooks/05_ddp.ipynb
-    python tests/labcheck.py --interrupt 'd2lpar.launch(' notebooks/05_ddp.ipynb
+    python verify/labcheck.py --full notebooks/05_ddp.ipynb
+    python verify/labcheck.py --interrupt 'd2lpar.launch(' notebooks/05_ddp.ipynb
 
 Needs Playwright and a Chromium (`pip install playwright`, then either
 `playwright install chromium` or a system chromium, found on PATH). It copies
@@ -181,7 +181,8 @@ def run_all(lab, notebook, shots):
     unrun, failed = errors_in(nb)
     ok = not failed and not unrun
     print(f'{"PASS" if ok else "FAIL"} {notebook}: {seconds:.0f} s'
-          + (f', cells never run {unrun}' if unrun else '') + ''.join(f'\n    cell {i}: {e}: {v}' for i, e, v in failed),
+          + (f', cells never run {unrun}' if unrun else '')
+          + ''.join(f'\n    cell {i}: {e}: {v}' for i, e, v in failed),
           flush=True)
     lab.shut_down(notebook)
     return ok

@@ -1,0 +1,1 @@
+"""Programs the tooling runs by path in child processes (not imported): see each docstring."""
