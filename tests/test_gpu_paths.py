@@ -90,7 +90,7 @@ def test_every_ring_step_and_exchange_posts_its_send_and_receive_as_one_batch(tm
                                 nprocs=world_size)
     n = world_size
     for rank in range(n):
-        got = torch.load(tmp_path / f'{rank}.pt', weights_only=False)
+        got = torch.load(tmp_path / f'{rank}.pt', weights_only=True)
         want = sum(torch.arange(12.0) + 100 * r for r in range(n))
         assert torch.equal(got['X'], want)
         assert [o.tolist() for o in got['outs']] == [[10.0 * j + rank] * 2 for j in range(n)]
