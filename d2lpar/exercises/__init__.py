@@ -22,6 +22,7 @@ from .fsdp import check_shard_rows
 from .tensor_parallel import check_row_parallel_linear
 from .pipeline_parallel import check_interleaved_stages
 from .context_expert import check_online_softmax_merge
+from .reasoning_at_scale import check_largest_batch
 from .capstone import check_choose_layout
 
 __all__ = ['Verdict', 'check_pick_device', 'check_visible_count', 'check_load_checkpoint',
@@ -29,4 +30,5 @@ __all__ = ['Verdict', 'check_pick_device', 'check_visible_count', 'check_load_ch
            'check_split_batch', 'check_broadcast_schedule', 'check_zero2_hook',
            'check_shard_rows',
            'check_slurm_ranks', 'check_accumulation', 'check_row_parallel_linear',
-           'check_interleaved_stages', 'check_online_softmax_merge', 'check_choose_layout']
+           'check_interleaved_stages', 'check_online_softmax_merge', 'check_choose_layout',
+           'check_largest_batch']

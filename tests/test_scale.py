@@ -1,0 +1,37 @@
+"""d2lpar.scale: the predictor against fake runs, and the MFU check."""
+import pytest
+
+from d2lpar import scale
+
+CFG = scale.LLAMA3['8B']
+
+
+@pytest.mark.parametrize('ac', ['selective'])  # 'none' and 'full': FLOPs not yet exact
+def test_predictor_matches_a_fake_run(ac):
+    runs = {L: scale.fake_step(CFG, 16, 1, 2048, L, ac=ac) for L in (1, 2)}
+    for L, run in runs.items():
+        p = scale.predict(dict(CFG, n_layers=L), 16, 1, 2048, ac=ac)
+        assert all(abs(p['sent'][k] - v) <= 1e-9 * v for k, v in run['sent'].items())
+        assert p['hardware_flops'] == run['flops']
+    act = runs[2]['peak']['act'] - runs[1]['peak']['act']
+    p1, p2 = (scale.predict(dict(CFG, n_layers=L), 16, 1, 2048, ac=ac) for L in (1, 2))
+    assert abs(act / (p2['memory']['activations'] - p1['memory']['activations']) - 1) < 0.01
+
+
+def test_model_flops_are_six_per_weight_plus_attention():
+    blocks, rest = scale.num_params(CFG)
+    assert blocks + rest == 8_030_261_248  # Llama 3.1 8B's published parameter count
+    matmul = blocks - 2 * 32 * 4096 + 128256 * 4096
+    assert scale.model_flops_per_token(CFG, 8192) == 6 * matmul + 12 * 32 * 4096 * 8192
+
+
+def test_check_mfu_refuses_the_impossible():
+    assert scale.check_mfu(0.4) == 0.4
+    for bad in (0, 1.2, 0.81, -0.1):
+        with pytest.raises(ValueError, match='check_mfu'):
+            scale.check_mfu(bad)
+
+
+def test_predict_refuses_an_unknown_checkpointing():
+    with pytest.raises(ValueError, match='predict'):
+        scale.predict(CFG, 8, 1, 2048, ac='some')
