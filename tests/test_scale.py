@@ -8,14 +8,12 @@ CFG = scale.LLAMA3['8B']
 
 @pytest.mark.parametrize('ac', ['selective'])  # 'none' and 'full': FLOPs not yet exact
 def test_predictor_matches_a_fake_run(ac):
-    runs = {L: scale.fake_step(CFG, 16, 1, 2048, L, ac=ac) for L in (1, 2)}
-    for L, run in runs.items():
-        p = scale.predict(dict(CFG, n_layers=L), 16, 1, 2048, ac=ac)
+    for L in (1, 2):
+        run = scale.fake_step(CFG, 16, 2, 8192, L, ac=ac)
+        p = scale.predict(dict(CFG, n_layers=L), 16, 2, 8192, ac=ac)
         assert all(abs(p['sent'][k] - v) <= 1e-9 * v for k, v in run['sent'].items())
         assert p['hardware_flops'] == run['flops']
-    act = runs[2]['peak']['act'] - runs[1]['peak']['act']
-    p1, p2 = (scale.predict(dict(CFG, n_layers=L), 16, 1, 2048, ac=ac) for L in (1, 2))
-    assert abs(act / (p2['memory']['activations'] - p1['memory']['activations']) - 1) < 0.01
+        assert abs(p['peak'] / run['peak']['total'] - 1) < 1e-3
 
 
 def test_model_flops_are_six_per_weight_plus_attention():
