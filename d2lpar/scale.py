@@ -282,7 +282,8 @@ ACT_VALUES = {  # values one block keeps per token for backward, in units of (di
 }
 
 
-def predict(cfg, gpus, local_batch, seq_len, ac='selective', tp=1, gpu=H100, efficiency=1.0):
+def predict(cfg, gpus, local_batch, seq_len, ac='selective', tp=1, pp=1, microbatches=None,
+            stages_per_rank=1, gpu=H100, efficiency=1.0):
     """Predict one rank's peak memory by category, bytes sent and step time under FSDP x tp.
 
     Memory (bytes) at the step's peak, the backward of the loss: fp32 parameters and AdamW's
@@ -292,33 +293,39 @@ def predict(cfg, gpus, local_batch, seq_len, ac='selective', tp=1, gpu=H100, eff
     Bytes: FSDP gathers bf16 block parameters twice (forward, backward), the root's once (it
     stays gathered after forward), and reduce-scatters fp32 gradients once.
     Time: FLOPs executed (recomputation included) at `efficiency` x MAMF, communication at the
-    slowest link a collective crosses, hidden behind compute (FSDP prefetches).
+    slowest link a collective crosses, hidden behind compute (FSDP prefetches). With pp > 1
+    stages, a rank holds and computes 1/pp of the blocks, keeps the activations of up to pp
+    micro-batches (1F1B), and a step lasts m + (pp - 1) / stages_per_rank micro-batch times
+    instead of m (the bubble); `microbatches` m defaults to pp, as in torchtitan.
     """
     if ac not in ACT_VALUES:
         raise ValueError(f'predict: ac must be one of {sorted(ACT_VALUES)}, got {ac!r}')
-    fsdp, layers, dim = gpus // tp, cfg['n_layers'], cfg['dim']
-    blocks, rest = num_params(cfg)
+    if gpus % (tp * pp):
+        raise ValueError(f'predict: tp * pp = {tp * pp} must divide gpus={gpus}')
+    m = microbatches or pp
+    fsdp, layers, dim = gpus // (tp * pp), -(-cfg['n_layers'] // pp), cfg['dim']  # the largest stage
+    blocks, rest = num_params(cfg, layers)  # (embedding and output counted on every stage: an upper bound)
     shard = (blocks / tp + rest / tp * (tp > 1) + rest * (tp == 1)) / fsdp  # parameters a rank keeps
     tokens = local_batch * seq_len / tp  # tokens whose activations a rank keeps (sequence parallel)
     kv = dim // cfg['n_heads'] * cfg['n_kv_heads']
     a, b, c = ACT_VALUES[ac]
     memory = dict(params=4 * shard, optimizer=8 * shard, gathered=2 * rest / tp * (fsdp > 1),
-                  activations=2 * layers * tokens * (a * dim + b * kv + c * cfg['hidden']),
+                  activations=2 * layers * tokens * min(m, pp) / m * (a * dim + b * kv + c * cfg['hidden']),
                   loss=local_batch * seq_len * (12 * cfg['vocab'] + 10 * dim) / tp)
     root = rest / (tp * fsdp) if tp > 1 else rest / fsdp
     sent = {'all-gather': 2 * (fsdp - 1) * (2 * shard - root),
             'reduce-scatter': 4 * shard * (fsdp - 1)}
     link = gpu['nvlink'] if gpus <= gpu['gpus_per_host'] else gpu['network']
-    flops = model_flops_per_token(cfg, seq_len) * local_batch * seq_len / tp
+    flops = model_flops_per_token(cfg, seq_len) * local_batch * seq_len / (tp * pp)
     redo = {'none': 0, 'selective': dim * (kv + dim + cfg['hidden']),  # wk, wo, w3: every 2nd matmul
             'full': blocks / layers - 2 * dim}[ac]  # every matmul of the block
     recompute = (2 * layers * redo + 2 * layers * dim * seq_len) * local_batch * seq_len / tp  # + flash's backward
     compute = (flops + recompute) / (efficiency * gpu['mamf'])
     comm = sum(sent.values()) / link
-    step = max(compute, comm)
+    step = max(compute, comm) * (m + (pp - 1) / stages_per_rank) / m  # the pipeline's bubble
     return dict(memory=memory, peak=sum(memory.values()), sent=sent, flops=flops,
                 hardware_flops=flops + recompute, compute_s=compute, comm_s=comm, step_s=step,
-                tps=local_batch * seq_len / tp / step, mfu=flops / step / gpu['peak'])
+                tps=local_batch * seq_len / (tp * pp) / step, mfu=flops / step / gpu['peak'])
 
 
 def check_mfu(mfu, gpu=H100):
