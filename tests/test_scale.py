@@ -33,3 +33,40 @@ def test_check_mfu_refuses_the_impossible():
 def test_predict_refuses_an_unknown_checkpointing():
     with pytest.raises(ValueError, match='predict'):
         scale.predict(CFG, 8, 1, 2048, ac='some')
+
+
+def _largest(cfg, gpus, seq_len, ac, limit, strict=False):
+    batch = 0
+    while (p := scale.predict(cfg, gpus, batch + 1, seq_len, ac=ac)['peak']) < limit or (not strict and p == limit):
+        batch += 1
+    return batch
+
+
+def one_too_many(*args):
+    return _largest(*args) + 1
+
+
+def one_too_few(*args):
+    return max(_largest(*args) - 1, 0)
+
+
+def as_float(*args):
+    return float(_largest(*args))
+
+
+def ignores_checkpointing(cfg, gpus, seq_len, ac, limit):
+    return _largest(cfg, gpus, seq_len, 'full', limit)
+
+
+@pytest.mark.parametrize('wrong, hint', [(one_too_many, 'more than the limit'), (one_too_few, 'also fits'),
+                                         (as_float, 'non-negative int')], ids=lambda x: getattr(x, '__name__', None))
+def test_largest_batch_wrong_answers_get_their_hint(wrong, hint):
+    from d2lpar import exercises
+    for seed in range(3):
+        verdict = exercises.check_largest_batch(wrong, seed=seed)
+        assert not verdict.passed and verdict.attempted and hint in verdict.message, verdict
+
+
+def test_largest_batch_catches_a_rule_that_ignores_checkpointing():
+    from d2lpar import exercises
+    assert not all(exercises.check_largest_batch(ignores_checkpointing, seed=s).passed for s in range(5))
