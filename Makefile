@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.d2lpar-installed
 
-.PHONY: lab test test-floor html bench stress labcheck gpucheck info clean
+.PHONY: lab test test-floor html bench stress mutants mutants-quick labcheck gpucheck info clean
 
 # Empty: the newest torch the registry serves, as a learner's `pip install` gets it.
 TORCH ?=
@@ -36,6 +36,12 @@ bench: $(STAMP)  ## speed comparisons, printed as ratios measured in one run
 
 stress: $(STAMP)  ## every notebook 5 times under CPU load: finds flaky cells (STRESS_FLAGS=--runs 2)
 	$(BIN)/python tests/stress.py $(STRESS_FLAGS)
+
+mutants: $(STAMP)  ## plant every registered bug (verify/mutants/) and check that its check fails (MUTANTS_FLAGS="--only 08 -j 2")
+	$(BIN)/python verify/mutants/run.py $(MUTANTS_FLAGS)
+
+mutants-quick: $(STAMP)  ## the fast subset of the mutants that CI runs
+	$(BIN)/python verify/mutants/run.py --quick -j 2 $(MUTANTS_FLAGS)
 
 labcheck: $(STAMP)  ## Run All in JupyterLab in headless Chromium, every notebook (LABCHECK_FLAGS="--interrupt 'd2lpar.launch('")
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check playwright

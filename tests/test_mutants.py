@@ -1,0 +1,128 @@
+"""The mutation runner's verdicts, on a tiny fake course: caught, survived, broken, caught elsewhere."""
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from verify.mutants import registry, run
+from verify.mutants.registry import Mutant
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CELLS = [
+    'x = 2',
+    'def double(v):\n    return 2 * v',
+    "assert double(3) == 6, 'double(3) is not 6'",
+    'assert x == 2',
+    "raise AssertionError('after the catching cell: never runs')",
+]
+
+
+@pytest.fixture(scope='module')
+def course(tmp_path_factory):
+    """A repository with one notebook, a module and a test of it, set up as the course's."""
+    root = tmp_path_factory.mktemp('course')
+    (root / 'pyproject.toml').write_text((ROOT / 'pyproject.toml').read_text())
+    (root / 'conftest.py').write_text('')
+    (root / 'notebooks').mkdir()
+    nb = {'cells': [{'cell_type': 'markdown', 'metadata': {}, 'source': ['# Fake']}] + [
+        {'cell_type': 'code', 'execution_count': None, 'id': f'c{i}', 'metadata': {},
+         'outputs': [], 'source': src.splitlines(keepends=True)} for i, src in enumerate(CELLS)],
+        'metadata': {}, 'nbformat': 4, 'nbformat_minor': 5}
+    (root / 'notebooks' / '00_fake.ipynb').write_text(json.dumps(nb, indent=1))
+    (root / 'fake_mod.py').write_text('def half(v):\n    return v / 2\n')
+    (root / 'tests').mkdir()
+    (root / 'tests' / 'test_fake.py').write_text(textwrap.dedent('''
+        from fake_mod import half
+
+        def test_unrelated():
+            assert 1 + 1 == 2
+
+        def test_half():
+            assert half(4) == 2
+    '''))
+    return root
+
+
+def mutant(old, new, catch, run=None, target='notebooks/00_fake.ipynb'):
+    return Mutant(name='m', notebook='00_fake', claim='double doubles', target=target,
+                  old=old, new=new, catch=catch, run=run)
+
+
+def verdict(course, m, **kw):
+    return run.run_mutant(m, root=course, **kw)
+
+
+def test_the_check_meant_for_it_catches_a_planted_bug(course):
+    row = verdict(course, mutant('2 * v', '3 * v', 'double(3) == 6'))
+    assert row.verdict == 'CAUGHT', row.check
+    assert 'assert double(3) == 6' in row.check and '[3]' in row.check  # cell 3 of the file
+
+
+def test_a_bug_no_check_sees_survives(course):
+    # 2.0 == 2, so the check cannot tell; the cell after the catching one is cut, or it would fail
+    assert verdict(course, mutant('x = 2', 'x = 2.0', 'x == 2')).verdict == 'SURVIVED'
+
+
+def test_a_failure_in_another_cell_is_not_a_catch(course):
+    row = verdict(course, mutant('x = 2', 'x = 1 / 0', 'double(3) == 6'))
+    assert row.verdict == 'CAUGHT-ELSEWHERE', row.check
+    assert row.check.startswith('[1] (not [3])') and 'ZeroDivisionError' in row.check
+
+
+@pytest.mark.parametrize('old, catch', [('not in the notebook', 'double(3)'),  # stale
+                                        ('v', 'double(3)'),                      # ambiguous
+                                        ('2 * v', 'assert'),                     # catch in 3 cells
+                                        ('2 * v', 'no such check')])
+def test_a_mutant_that_does_not_apply_is_broken(course, old, catch):
+    assert verdict(course, mutant(old, old + ' ', catch)).verdict == 'BROKEN'
+
+
+def test_the_copy_is_changed_never_the_repository(course):
+    before = (course / 'notebooks' / '00_fake.ipynb').read_text()
+    verdict(course, mutant('2 * v', '3 * v', 'double(3) == 6'))
+    assert (course / 'notebooks' / '00_fake.ipynb').read_text() == before
+
+
+def test_a_mutant_of_a_module_is_caught_by_the_named_test(course):
+    m = mutant('v / 2', 'v // 3', 'tests/test_fake.py::test_half', run='tests/test_fake.py',
+               target='fake_mod.py')
+    row = verdict(course, m)
+    assert row.verdict == 'CAUGHT' and 'assert half(4) == 2' in row.check, row.check
+    other = mutant('v / 2', 'v // 3', 'test_unrelated', run='tests/test_fake.py',
+                   target='fake_mod.py')
+    assert verdict(course, other).verdict == 'CAUGHT-ELSEWHERE'
+
+
+def test_the_control_passes_on_the_unmutated_notebook(course):
+    row = verdict(course, mutant('2 * v', '3 * v', 'double(3) == 6'), control=True)
+    assert row.verdict == 'PASSED'
+
+
+def test_the_registry_loads_unique_names_and_every_notebook_has_a_quick_mutant():
+    mutants = registry.load()
+    assert len({m.name for m in mutants}) == len(mutants)
+    for m in mutants:
+        assert (ROOT / m.target).is_file(), m
+        assert m.run or (ROOT / 'notebooks' / f'{m.notebook}.ipynb').is_file(), m
+    notebooks = {m.notebook for m in mutants}
+    assert notebooks <= {m.notebook for m in mutants if m.quick}
+
+
+def test_a_duplicate_name_is_refused(tmp_path):
+    (tmp_path / 'nb00.py').write_text(
+        'from verify.mutants.registry import Mutant\n'
+        "MUTANTS = [Mutant('a', 'n', 'c', 't', 'o', 'n2', 'x')] * 2\n")
+    with pytest.raises(ValueError, match="'a'"):
+        registry.load(tmp_path)
+
+
+def test_exercise_rows_name_the_checker_and_its_notebook():
+    chapters = run.exercise_chapters(ROOT)
+    assert run.checker_of('test_wrong_answer_fails_with_its_hint', 'check_sampler-Padded-padding',
+                          chapters) == ('check_sampler', '05_ddp')
+    assert run.checker_of('test_merge_wrong_answers_get_their_hint', 'merge_no_rescale-x',
+                          chapters) == ('check_online_softmax_merge', '14_context_expert')
+    assert run.checker_of('test_zero2_hook_wrong_answers_get_their_hint', 'no-division',
+                          chapters) == ('check_zero2_hook', '10_zero')

@@ -1,0 +1,52 @@
+"""The mutant record and the loader that gathers every notebook's MUTANTS.
+
+A mutant is one small, named change to the code a check exists to guard (a saved
+cell, a script, a package function), tied to the check that must catch it.
+`verify/mutants/nbNN.py` holds the mutants of notebook NN as `MUTANTS = [...]`.
+"""
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One planted bug and the check that must catch it.
+
+    name: short, unique, kebab-case. notebook: e.g. '08_lenet_data_parallel'.
+    claim: the claim in a few words. target: repo-relative file to change (a
+    notebook or any file). old, new: exact text; in a notebook, replaced inside
+    one code cell; it must occur exactly once in the file. catch: text of the
+    notebook cell that must fail, or the test node id that must fail when `run`
+    is given. run: a pytest node id or path to run instead of the notebook.
+    quick: part of the fast subset CI runs.
+    """
+    name: str
+    notebook: str
+    claim: str
+    target: str
+    old: str
+    new: str
+    catch: str
+    run: str | None = None
+    quick: bool = False
+
+
+def load(folder=HERE):
+    """Return every MUTANTS entry of `folder`/nb*.py, in notebook order; names must be unique."""
+    found, seen = [], {}
+    for path in sorted(Path(folder).glob('nb*.py')):
+        spec = importlib.util.spec_from_file_location(f'_mutants_{path.stem}', path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        for mutant in getattr(module, 'MUTANTS', ()):
+            if not isinstance(mutant, Mutant):
+                raise TypeError(f'{path.name}: MUTANTS holds {mutant!r}, not a Mutant')
+            if mutant.name in seen:
+                raise ValueError(f'mutant name {mutant.name!r} is used in {seen[mutant.name]} '
+                                 f'and {path.name}; names must be unique')
+            seen[mutant.name] = path.name
+            found.append(mutant)
+    return found
