@@ -58,4 +58,9 @@ MUTANTS = [
            new='        if got > best + 1:',
            catch='tests/test_scale.py::test_largest_batch_wrong_answers_get_their_hint[one_too_many]',
            run='tests/test_scale.py::test_largest_batch_wrong_answers_get_their_hint[one_too_many]'),
+    Mutant(name='nb16-fit-first-step', notebook=NB,
+           claim='the fake run equals real processes, byte for byte',
+           target='notebooks/16_reasoning_at_scale.ipynb',
+           old="step()  # the optimizer's state exists from now on\n", new='',
+           catch="assert all(fit[r]['peak'] == fake['peak']['total'] for r in (0, 1))"),
 ]
