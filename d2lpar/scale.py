@@ -30,8 +30,9 @@ LLAMA3 = {
 
 # H100 SXM: dense BF16 peak from NVIDIA's datasheet (the sparse figure is twice this), as
 # torchtitan's get_peak_flops uses it; MAMF (the best matmul speed measured) from Stas Bekman's
-# ml-engineering, compute/accelerator/README.md (794.5 of 989 TFLOPS); links from torchtitan's
-# benchmark hardware section (NVLink within a host, 400 Gb/s RDMA per GPU between hosts).
+# ml-engineering, compute/accelerator/README.md (794.5 of 989 TFLOPS); NVLink 900 GB/s both ways
+# (NVIDIA's datasheet), 450 GB/s each way, within a host of 8; between hosts 400 Gb/s RDMA per GPU
+# (torchtitan's benchmark hardware section).
 H100 = dict(name='H100 SXM', peak=989e12, mamf=794.5e12, nvlink=450e9, network=50e9, gpus_per_host=8)
 
 # torchtitan, benchmarks/llama3_h100_202412_torchtitan.md: Llama 3.1 on H100s, bf16 without
