@@ -40,6 +40,7 @@ CHECKS = {
     exercises.check_row_parallel_linear: ('12_tensor_parallel', 'row_parallel_linear'),
     exercises.check_interleaved_stages: ('13_pipeline_parallel', 'interleaved_stages'),
     exercises.check_online_softmax_merge: ('14_context_expert', 'merge_partial'),
+    exercises.check_largest_batch: ('16_reasoning_at_scale', 'largest_batch'),
     exercises.check_choose_layout: ('17_capstone', 'choose_layout'),
     exercises.check_checkpoint_interval: ('15_fault_tolerance', 'checkpoint_interval'),
 }

@@ -20,6 +20,7 @@ from .fsdp import check_shard_rows
 from .lenet import check_ring_allreduce, check_split_batch
 from .model_parallel import check_unbalanced_bubble
 from .pipeline_parallel import check_interleaved_stages
+from .reasoning_at_scale import check_largest_batch
 from .sharding import check_zero2_hook
 from .single_device import check_pick_device
 from .tensor_parallel import check_row_parallel_linear
@@ -31,4 +32,4 @@ __all__ = ['Verdict', 'check_pick_device', 'check_visible_count', 'check_load_ch
            'check_shard_rows',
            'check_slurm_ranks', 'check_accumulation', 'check_row_parallel_linear',
            'check_interleaved_stages', 'check_online_softmax_merge', 'check_choose_layout',
-           'check_checkpoint_interval']
+           'check_checkpoint_interval', 'check_largest_batch']
