@@ -110,6 +110,11 @@ def test_the_registry_loads_unique_names_and_every_notebook_has_a_quick_mutant()
     assert notebooks <= {m.notebook for m in mutants if m.quick}
 
 
+def test_every_registered_mutant_still_applies(capsys):
+    """An edit to a notebook or a module can leave a planted bug with nothing to replace."""
+    assert run.check_all(registry.load()) == 0, capsys.readouterr().out
+
+
 def test_a_duplicate_name_is_refused(tmp_path):
     (tmp_path / 'nb00.py').write_text(
         'from verify.mutants.registry import Mutant\n'

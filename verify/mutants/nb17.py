@@ -23,7 +23,7 @@ MUTANTS = [
            new="average_gradients(net, mesh['cp'].get_group(), layout['cp'], divide=False)", catch=PARITY),
     Mutant(name='cp-ring-turns-the-wrong-way', notebook=NB,
            claim='every correct layout = one process (ring attention at cp = 4)',
-           target='d2lpar/context_parallel.py', old='            src = (rank - step) % n  # whose keys and values we hold now',
+           target='d2lpar/lessons/nb14_context_expert.py', old='            src = (rank - step) % n  # whose keys and values we hold now',
            new='            src = (rank + step) % n  # whose keys and values we hold now', catch=PARITY),
     Mutant(name='gradients-reduced-in-float32', notebook=NB,
            claim='every correct layout = one process in float64 too',
@@ -37,7 +37,7 @@ MUTANTS = [
            catch="assert all({k: c for k, c in r[name]['calls'].items() if k != 'send'} == r[name]['collectives']"),
     Mutant(name='stepcost-misses-functional-all-reduce-package', notebook=NB, quick=True,
            claim="StepCost counts every collective, DTensor's lazy all-reduces too (= CommDebugMode)",
-           target='d2lpar/capstone.py',
+           target='d2lpar/lessons/nb17_capstone.py',  # generated from the notebook (make lib)
            old="'allreduce_': lambda n: 2 * (n - 1) / n, 'all_reduce': lambda n: 2 * (n - 1) / n,",
            new="'allreduce_': lambda n: 2 * (n - 1) / n,",
            run='tests/test_capstone.py::test_each_planted_bug_is_caught_and_each_correct_layout_is_not',
