@@ -1,6 +1,7 @@
 """d2lpar.fault_tolerance (notebook 15): stuck-rank finding, checkpoint intervals, replay."""
 import math
 import random
+import time
 
 import pytest
 import torch
@@ -86,3 +87,43 @@ def test_shard_splits_the_global_batch_evenly():
     parts = [ft.shard(X, y, r, 3) for r in range(3)]
     assert torch.equal(torch.cat([p[0] for p in parts]), X)
     assert all(len(p[1]) == 4 for p in parts)
+
+
+@pytest.fixture
+def world_of_one():
+    store = dist.TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False)
+    dist.init_process_group('gloo', store=store, rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_slow_all_reduce_waits_counts_and_keeps_shapes(world_of_one):
+    tensors = [torch.ones(3, 2, dtype=torch.float64), torch.arange(4.0, dtype=torch.float64)]
+    sent = []
+    begin = time.perf_counter()
+    out = ft.slow_all_reduce(tensors, 0.05, sent)
+    assert time.perf_counter() - begin >= 0.05
+    assert sent == [10 * 8]  # one message: the tensors flattened together
+    for a, b in zip(out, tensors):
+        assert a.shape == b.shape and torch.equal(a, b)
+
+
+def test_outer_step_is_nesterov_sgd_on_the_outer_gradient(world_of_one):
+    net = ft.make_net()
+    start = [p.detach().clone() for p in net.parameters()]
+    with torch.no_grad():
+        for p in net.parameters():
+            p.sub_(0.01 * torch.randn_like(p))  # as if after some inner steps
+    local = [p.detach().clone() for p in net.parameters()]
+    before = [p0.clone() for p0 in start]
+    lr, mu = 0.7, 0.9
+    outer = torch.optim.SGD(net.parameters(), lr=lr, momentum=mu, nesterov=True)
+    sent = []
+    ft.outer_step(net, start, outer, 0.0, sent)
+    assert len(sent) == 1  # one message per outer step
+    eps = torch.finfo(torch.float64).eps
+    for p, p0, q, s in zip(net.parameters(), before, local, start):
+        delta = p0 - q  # first step: the momentum buffer is delta, so Nesterov steps (1 + mu) * lr * delta
+        expected = p0 - lr * (1 + mu) * delta
+        assert torch.allclose(p.detach(), expected, rtol=0, atol=8 * eps)
+        assert torch.equal(s, p.detach())  # the next round starts from the new weights

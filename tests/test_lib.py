@@ -59,7 +59,7 @@ REQUIRED = {
                           'chunk_mask', 'RingAttention', 'ring_attention', 'ring_attention_bytes'],
     '15_fault_tolerance': ['set_timeout', 'behind', 'young_interval', 'expected_waste',
                            'simulate_run', 'make_net', 'global_batch', 'shard', 'full_loss',
-                           'local_grads', 'replay_quorums'],
+                           'local_grads', 'replay_quorums', 'slow_all_reduce', 'outer_step'],
     '17_capstone': ['CausalAttention', 'GPTBlock', 'TinyGPT', 'lm_loss', 'counting_task', 'layout_mesh',
                     'coordinates', 'pipeline_stage', 'tensor_plan', 'parallelize', 'average_gradients',
                     'train_step', 'full_parameters', 'StepCost', 'layout_cost'],

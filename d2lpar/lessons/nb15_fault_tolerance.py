@@ -9,8 +9,9 @@ import datetime
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+import time
 
-__all__ = ['set_timeout', 'behind', 'young_interval', 'expected_waste', 'simulate_run', 'make_net', 'global_batch', 'shard', 'full_loss', 'local_grads', 'replay_quorums']
+__all__ = ['set_timeout', 'behind', 'young_interval', 'expected_waste', 'simulate_run', 'make_net', 'global_batch', 'shard', 'full_loss', 'local_grads', 'replay_quorums', 'slow_all_reduce', 'outer_step']
 
 
 # Taught in notebooks/15_fault_tolerance.ipynb, cell 5.
@@ -106,3 +107,28 @@ def replay_quorums(quorum_sizes, lr, momentum):
             p.grad = sum(grads) / n  # the all-reduce: a sum, then divided by the quorum's size
         opt.step()
     return losses, net
+
+
+# Taught in notebooks/15_fault_tolerance.ipynb, cell 39.
+def slow_all_reduce(tensors, delay, sent):
+    """Average `tensors` over the ranks in one message over a slow link; count the bytes."""
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    time.sleep(delay)  # the slow link: a latency the learner sets
+    dist.all_reduce(flat)
+    sent.append(flat.numel() * flat.element_size())  # what this rank handed to the link
+    flat /= dist.get_world_size()
+    return [f.view_as(t) for f, t in zip(flat.split([t.numel() for t in tensors]), tensors)]
+
+
+def outer_step(net, start, outer_opt, delay, sent):
+    """DiLoCo's outer step: average how far the ranks went, step from `start` with it."""
+    deltas = slow_all_reduce([p0 - p.detach() for p, p0 in zip(net.parameters(), start)],
+                             delay, sent)  # the outer gradient
+    with torch.no_grad():
+        for p, p0, delta in zip(net.parameters(), start, deltas):
+            p.copy_(p0)  # back to the shared start
+            p.grad = delta
+    outer_opt.step()
+    with torch.no_grad():
+        for p, p0 in zip(net.parameters(), start):
+            p0.copy_(p)  # the next round starts here
