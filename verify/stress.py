@@ -147,9 +147,22 @@ def run_once(notebook, timeout, run_id):
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+        deadline = time.monotonic() + 5  # SIGKILL is delivered when the process next runs
+        while any(_alive(pid) for pid, _, _ in running) and time.monotonic() < deadline:
+            time.sleep(0.05)
         leftovers += [f'file {os.path.join("$TMPDIR", name)}' for name in os.listdir(scratch)
                       if not name.startswith(KEPT_ON_PURPOSE)]
         return passed, seconds, problems, leftovers
+
+
+
+def _alive(pid):
+    """Return True if process `pid` still runs (a zombie, waiting for its reaper, does not)."""
+    try:
+        with open(f'/proc/{pid}/stat') as f:
+            return f.read().rsplit(')', 1)[1].split()[0] not in 'ZX'
+    except OSError:
+        return False
 
 
 def main(argv=None):
