@@ -15,9 +15,10 @@ import json
 import os
 import re
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from .saving import write_whole
 
 __all__ = ['find_notebooks', 'execute_notebook', 'render_course', 'PageResult', 'main']
 
@@ -234,19 +235,6 @@ def _nav(results, k):
     return '<nav class="d2lpar-nav">' + ''.join(links) + '</nav>'
 
 
-def _write(path, text):
-    """Write `text` to `path` atomically, so a reader never sees half a page."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
-    try:
-        with os.fdopen(fd, 'w', encoding='utf-8') as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; a web page is for everyone
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def _export(nb, title, header, footer):
     from jinja2 import DictLoader
     from nbconvert import HTMLExporter
@@ -343,9 +331,9 @@ def render_course(notebooks_dir='notebooks', out_dir='build/html', small=False, 
         executed.append(nb)
     for k, (result, nb) in enumerate(zip(results, executed)):
         nav = _nav(results, k)
-        _write(out / result.page, _export(nb, result.plain_title, nav + _banner(result, nb, stamp),
+        write_whole(out / result.page, _export(nb, result.plain_title, nav + _banner(result, nb, stamp),
                                           nav))
-    _write(out / 'index.html', _index(results, stamp, small, notebooks_dir))
+    write_whole(out / 'index.html', _index(results, stamp, small, notebooks_dir))
     failed = [r for r in results if not r.ok]
     echo(f'wrote {out / "index.html"} and {len(results)} page(s)'
          + (f'; {len(failed)} notebook(s) FAILED: {", ".join(r.source.stem for r in failed)}'

@@ -8,9 +8,10 @@ outputs onto the notebook's code cells; only runs that succeeded are stored.
 import hashlib
 import json
 import os
-import tempfile
 from importlib import metadata
 from pathlib import Path
+
+from .saving import write_whole
 
 PACKAGE = Path(__file__).resolve().parent
 
@@ -57,11 +58,4 @@ def store(cache_dir, stem, key, nb, setup, seconds):
     cells = [{'outputs': cell.outputs, 'execution_count': cell.execution_count}
              for cell in nb.cells if cell.cell_type == 'code']
     text = json.dumps({'key': key, 'setup': setup, 'seconds': seconds, 'cells': cells})
-    fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=f'.{stem}.', suffix='.tmp')
-    try:
-        with os.fdopen(fd, 'w') as f:
-            f.write(text)
-        os.replace(tmp, cache_dir / f'{stem}.json')
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_whole(cache_dir / f'{stem}.json', text)

@@ -92,12 +92,14 @@ def saved_source(cells, module=None):
     return '\n\n\n'.join([header + '\n' + '\n'.join(lines), *saved]) + '\n'
 
 
-def _write(path, text):
+def write_whole(path, text):
     """Replace `path` with `text` atomically: a reader never sees half a file."""
+    path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
     try:
-        with os.fdopen(fd, 'w') as f:
+        with os.fdopen(fd, 'w', encoding='utf-8') as f:
             f.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; the file is as readable as any other
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -136,7 +138,7 @@ def save_cells(path):
                 print(f'save_cells: {path.parent} is gone, so {path.name} is no longer kept '
                       'up to date; call d2lpar.save_cells again to start over')
                 return
-        _write(path, saved_source(ran, module=path.stem))
+        write_whole(path, saved_source(ran, module=path.stem))
 
     events = shell.events
     for callback in list(events.callbacks['post_run_cell']):

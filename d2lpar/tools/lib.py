@@ -18,9 +18,7 @@ import argparse
 import ast
 import importlib.util
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,7 +32,8 @@ def _saving():
     return module
 
 
-MARK, used_imports = _saving().MARK, _saving().used_imports
+_saving_module = _saving()
+MARK, used_imports, write_whole = _saving_module.MARK, _saving_module.used_imports, _saving_module.write_whole
 NOTEBOOKS = ROOT / 'notebooks'
 LESSONS = ROOT / 'd2lpar' / 'lessons'
 CHECKS = ROOT / 'd2lpar' / 'checks'
@@ -201,19 +200,6 @@ def stale():
                   if p not in modules or not p.exists() or p.read_text() != modules[p])
 
 
-def _write(path, text):
-    """Replace `path` with `text` whole: a reader never sees half a module."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
-    try:
-        with os.fdopen(fd, 'w') as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(prog='python d2lpar/tools/lib.py', description=__doc__.split('\n')[0])
     parser.add_argument('--check', action='store_true', help='only report stale modules (exit 1 if any)')
@@ -226,7 +212,7 @@ def main(argv=None):
     modules = expected()
     for path in old:
         if path in modules:
-            _write(path, modules[path])
+            write_whole(path, modules[path])
             print(f'wrote {path.relative_to(ROOT)}')
         else:
             path.unlink()

@@ -11,10 +11,13 @@ notebook always normalizes to the same text; the JSON is written as the files ar
 import argparse
 import hashlib
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
+
+try:  # the atomic writer of d2lpar/saving.py, loaded by path as make lib loads it
+    from .lib import write_whole
+except ImportError:  # run by path: this folder is sys.path[0]
+    from lib import write_whole
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,18 +40,6 @@ def normalized(text):
     return json.dumps(nb, indent=1, ensure_ascii=False) + '\n'
 
 
-def _write(path, text):
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
-    try:
-        with os.fdopen(fd, 'w', encoding='utf-8') as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(prog='python d2lpar/tools/notebooks.py', description=__doc__.split('\n')[0])
     parser.add_argument('--check', action='store_true', help='only name the notebooks that differ (exit 1)')
@@ -64,7 +55,7 @@ def main(argv=None):
         if new != text:
             differ.append(path)
             if not args.check:
-                _write(path, new)
+                write_whole(path, new)
             print(f'{path}: {"not normalized" if args.check else "normalized"}')
     return 1 if args.check and differ else 0
 
