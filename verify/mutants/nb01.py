@@ -16,3 +16,27 @@ MUTANTS = [
            old='X_dst = X_src.to(dst)', new='X_dst = X_src.to(dst, torch.float16)',
            catch='assert torch.equal(X_dst.cpu(), X)'),
 ]
+
+MUTANTS += [
+    Mutant('any-device-as-compiled', NB, 'device-agnostic code computes where it can run', FILE,
+           old="any_device = usable if usable is not None else torch.device('cpu')",
+           new="any_device = built_for if built_for is not None else torch.device('cpu')",
+           catch='assert (torch.ones(2, device=any_device) * 2).sum().item() == 4'),
+    Mutant('copy-that-aliases', NB, "on the CPU .to('cpu') is no copy: copy=True makes one", FILE,
+           old="Y = X.to('cpu', copy=True)", new="Y = X.to('cpu')",
+           catch='assert X[0, 0] == 100  # the copy left X alone'),
+    Mutant('data-left-behind', NB, 'the fix moves the data to where the model is', FILE,
+           old='out = wrong(data.to(where))', new='out = wrong(data)',
+           catch='assert out.device == where and out.shape == (4, 5)'),
+    Mutant('timed-copy-copies-nothing', NB, 'each timed call really copies X', FILE,
+           old='calls = [lambda: X.clone(), lambda: X.view(-1, 4)]',
+           new='calls = [lambda: torch.empty_like(X), lambda: X.view(-1, 4)]',
+           catch='assert torch.equal(f().cpu().reshape(X.shape), X)'),
+    Mutant('inference-without-eval', NB, 'in eval mode an image does not depend on its batch', FILE,
+           old='net = torchvision.models.resnet18(weights=None).eval().to(device)',
+           new='net = torchvision.models.resnet18(weights=None).to(device)',
+           catch='torch.testing.assert_close(alone, together, rtol=1e-4, atol=1e-4)'),
+    Mutant('peak-measured-without-autograd', NB, 'autograd raises the peak of a forward pass', FILE,
+           old='with tracker, torch.set_grad_enabled(grad):', new='with tracker, torch.no_grad():',
+           catch="assert peaks[True]['Total'] > peaks[False]['Total']"),
+]
