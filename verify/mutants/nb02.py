@@ -24,3 +24,27 @@ MUTANTS = [
            old='cutoff=0.85)', new='cutoff=0.99)',
            catch="assert d2lpar.misspelled_cuda_vars(typo['env']) == ['CUDA_VISIBLE_DEVICE']"),
 ]
+
+MUTANTS += [
+    Mutant('export-forgotten', NB, 'export passes the variable to every later command', FILE,
+           old='export CUDA_VISIBLE_DEVICES=0,2; {probe}', new='CUDA_VISIBLE_DEVICES=0,2; {probe}',
+           catch="assert lines == ['1', '1,0', 'None', '0,2'], out.stderr"),
+    Mutant('putenv-as-assignment', NB, 'os.putenv reaches children but not os.environ (told apart from '
+           'an assignment)', FILE, old="os.putenv('CUDA_DEVICE_ORDER', 'PCI_BUS_ID')",
+           new="os.environ['CUDA_DEVICE_ORDER'] = 'PCI_BUS_ID'",
+           catch="assert (kept, in_environ, inherited) == ('0', 'False', 'PCI_BUS_ID')"),
+    Mutant('typo-child-spelled-right', NB, 'the misspelled variable never sets the mask (told apart from '
+           'the right spelling)', FILE,
+           old="code=\"import os\\nos.environ['CUDA_VISIBLE_DEVICE'] = ''\\n\"",
+           new="code=\"import os\\nos.environ['CUDA_VISIBLE_DEVICES'] = ''\\n\"",
+           catch="assert typo['mask'] is None and typo['env']['CUDA_VISIBLE_DEVICE'] == ''"),
+    Mutant('uuid-regex-lowercase-only', NB, "nvidia-smi -L's UUIDs are read in either case", FILE,
+           old=r"\(UUID: GPU-([0-9a-fA-F-]+)\)", new=r"\(UUID: GPU-([0-9a-f-]+)\)",
+           catch="assert [u.lower() for u in SMI_GPU.findall(example)] == ["),
+    Mutant('device-order-misspelled', NB, 'the child really runs with CUDA_DEVICE_ORDER=PCI_BUS_ID', FILE,
+           old="env={'CUDA_DEVICE_ORDER': 'PCI_BUS_ID'})", new="env={'CUDA_DEVICES_ORDER': 'PCI_BUS_ID'})",
+           catch="assert pci['env']['CUDA_DEVICE_ORDER'] == 'PCI_BUS_ID'"),
+    Mutant('workers-one-at-a-time', NB, 'the processes run side by side', FILE,
+           old='max_parallel=len(masks)', new='max_parallel=1',
+           catch="assert s['mask'] == mask and s['report']['device'] == ('cuda:0' if where else 'cpu')"),
+]
