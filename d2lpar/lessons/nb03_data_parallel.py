@@ -19,7 +19,7 @@ from d2lpar.checks.nb03_data_parallel import CHECKS
 __all__ = ['scatter_inputs', 'Replica', 'replicate', 'parallel_apply', 'gather', 'data_parallel', 'HandDataParallel', 'save_checkpoint', 'load_state_dict_flexible']
 
 
-# Taught in notebooks/03_data_parallel.ipynb, cell 5.
+# Taught in notebooks/03_data_parallel.ipynb, cell 6.
 @checked(CHECKS['scatter_inputs'])
 def scatter_inputs(inputs, devices, dim=0):
     """Split every tensor in `inputs` along `dim` into one part per device.
@@ -39,7 +39,7 @@ def scatter_inputs(inputs, devices, dim=0):
     return list(zip(*columns))
 
 
-# Taught in notebooks/03_data_parallel.ipynb, cell 9.
+# Taught in notebooks/03_data_parallel.ipynb, cell 10.
 class Replica:
     """One copy of a module for one device: the module's code run on its own tensors."""
 
@@ -74,7 +74,7 @@ def replicate(net, devices):
     return replicas
 
 
-# Taught in notebooks/03_data_parallel.ipynb, cell 12.
+# Taught in notebooks/03_data_parallel.ipynb, cell 13.
 @checked(CHECKS['parallel_apply'])
 def parallel_apply(replicas, inputs):
     """Run `replicas[k](*inputs[k])` for all k at once, one thread per replica."""
@@ -104,7 +104,7 @@ def parallel_apply(replicas, inputs):
     return results
 
 
-# Taught in notebooks/03_data_parallel.ipynb, cell 15.
+# Taught in notebooks/03_data_parallel.ipynb, cell 16.
 @checked(CHECKS['gather'])
 def gather(outputs, output_device, dim=0):
     """Concatenate the replicas' outputs on `output_device` along `dim`.
@@ -125,6 +125,7 @@ def gather(outputs, output_device, dim=0):
     return None  # the replicas returned None
 
 
+# Taught in notebooks/03_data_parallel.ipynb, cell 17.
 @checked(CHECKS['data_parallel'])
 def data_parallel(net, inputs, devices, output_device=None, dim=0):
     """Evaluate `net(*inputs)` in parallel over `devices`: scatter, replicate, apply, gather."""
@@ -148,7 +149,7 @@ class HandDataParallel(nn.Module):
         return data_parallel(self.module, inputs, self.devices, self.output_device, self.dim)
 
 
-# Taught in notebooks/03_data_parallel.ipynb, cell 35.
+# Taught in notebooks/03_data_parallel.ipynb, cell 38.
 @checked(CHECKS['save_checkpoint'])
 def save_checkpoint(state_dict, path):
     """Save `state_dict` to `path` atomically: readers never see half a file."""

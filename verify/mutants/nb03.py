@@ -31,3 +31,31 @@ MUTANTS = [
            new='columns.append([part.to(device) for part, device in zip(parts[::-1], devices)])',
            catch='assert_close_on_cpu(torch.cat(on_cpu([s for (s,) in shards])), X, rtol=0, atol=0)'),
 ]
+
+MUTANTS += [
+    Mutant('replicas-built-once', NB, 'replicas are rebuilt at every forward pass (training equals one device)',
+           FILE, old='        return data_parallel(self.module, inputs, self.devices, self.output_device, self.dim)',
+           new="        if not hasattr(self, 'replicas'):  # replicated once: stale after the first step\n"
+               "            self.replicas = replicate(self.module, self.devices)\n"
+               "        outputs = parallel_apply(self.replicas, scatter_inputs(inputs, self.devices, self.dim))\n"
+               "        return gather(outputs, self.output_device, self.dim)",
+           catch='assert_close_on_cpu(torch.tensor(hand_losses), torch.tensor(single_losses), **tight)'),
+    Mutant('misfits-by-name-only', NB, 'a checkpoint is checked by names and shapes before loading', FILE,
+           old='if k not in expected or k not in stripped or expected[k].shape != stripped[k].shape)',
+           new='if k not in expected or k not in stripped)',
+           catch="assert misfits == ['9.bias', '9.weight']"),
+    Mutant('before-not-cloned', NB, 'a failed load leaves the network half overwritten', FILE,
+           old='before = {k: v.clone() for k, v in target.state_dict().items()}',
+           new='before = dict(target.state_dict())',
+           catch='assert changed  # the error came too late'),
+    Mutant('ring-without-allgather', NB, 'a ring allreduce sends 2(k-1) chunks of N/k each way', FILE,
+           old='for step in range(2 * (k - 1)):', new='for step in range(k - 1):',
+           catch='assert all(abs(r - 2 * 2 * (k - 1) / k * param_bytes) < 1e-9 * param_bytes for r in ring)'),
+    Mutant('batchnorm-on-one-slot', NB, 'shard-wise BatchNorm differs from one device', FILE,
+           old='train_mode = HandDataParallel(bn_net, devices)(X)',
+           new='train_mode = HandDataParallel(bn_net, devices[:1])(X)',
+           catch='assert not torch.allclose(on_cpu(train_mode), on_cpu(bn_twin(X.to(devices[0]))))'),
+    Mutant('wrapped-net-left-in-training', NB, 'in eval mode DataParallel equals one device', FILE,
+           old='bn_net.eval(), bn_twin.eval()', new='bn_twin.eval()',
+           catch='assert_close_on_cpu(eval_mode, bn_twin(X.to(devices[0])), **exact)'),
+]
