@@ -18,7 +18,7 @@ from d2lpar.checks.nb04_model_parallel import CHECKS
 __all__ = ['ModelParallel', 'pipeline_schedule', 'bubble_fraction', 'idle_fraction', 'gpipe_stage', 'StageLinks', 'gpipe_step']
 
 
-# Taught in notebooks/04_model_parallel.ipynb, cell 7.
+# Taught in notebooks/04_model_parallel.ipynb, cell 8.
 class ModelParallel(nn.Module):
     """Split a copy of the nn.Sequential `net` into consecutive stages, stage i on devices[i].
 
@@ -44,7 +44,7 @@ class ModelParallel(nn.Module):
         return X
 
 
-# Taught in notebooks/04_model_parallel.ipynb, cell 16.
+# Taught in notebooks/04_model_parallel.ipynb, cell 19.
 @checked(CHECKS['pipeline_schedule'])
 def pipeline_schedule(num_stages, num_microbatches, t_forward=1, t_backward=1):
     """Simulate GPipe tick by tick; return its events (stage, micro-batch, phase, start, end).
@@ -74,6 +74,7 @@ def pipeline_schedule(num_stages, num_microbatches, t_forward=1, t_backward=1):
     return events
 
 
+# Taught in notebooks/04_model_parallel.ipynb, cell 20.
 @checked(CHECKS['bubble_fraction'])
 def bubble_fraction(num_stages, num_microbatches):
     """Return the idle share of a GPipe schedule with equal stages, (p-1)/(m+p-1)."""
@@ -88,7 +89,7 @@ def idle_fraction(events, num_stages):
     return 1 - busy / (num_stages * span)
 
 
-# Taught in notebooks/04_model_parallel.ipynb, cell 22.
+# Taught in notebooks/04_model_parallel.ipynb, cell 26.
 def gpipe_stage(i, model, chunks, link, loss_of):
     """Run stage i's part of a GPipe step: every micro-batch forward, then backward in reverse.
 
@@ -117,7 +118,7 @@ def gpipe_stage(i, model, chunks, link, loss_of):
             link.send_grad(i - 1, x.grad)  # the gradient of this stage's input, for stage i-1
 
 
-# Taught in notebooks/04_model_parallel.ipynb, cell 24.
+# Taught in notebooks/04_model_parallel.ipynb, cell 28.
 class StageLinks:
     """Queues between pipeline stages that run in threads, and a clock for their work."""
 
@@ -159,6 +160,7 @@ class StageLinks:
         self.events.append((i, j, phase, start, time.perf_counter() - self.t0))
 
 
+# Taught in notebooks/04_model_parallel.ipynb, cell 29.
 @checked(CHECKS['gpipe_step'])
 def gpipe_step(model, X, y, loss, chunks):
     """Run forward and backward of a ModelParallel on (X, y) as `chunks` micro-batches, GPipe-style.
