@@ -6,7 +6,7 @@ from d2lpar import scale
 CFG = scale.LLAMA3['8B']
 
 
-@pytest.mark.parametrize('ac', ['selective'])  # 'none' and 'full': FLOPs not yet exact
+@pytest.mark.parametrize('ac', ['none', 'selective', 'full'])
 def test_predictor_matches_a_fake_run(ac):
     for L in (1, 2):
         run = scale.fake_step(CFG, 16, 2, 8192, L, ac=ac)
