@@ -48,7 +48,9 @@ def test_layout_cost_by_hand():
     assert capstone.layout_cost(dict(dp=8), P, tokens, dim, layers)[0] == 2 * ring * 4 * P
     assert capstone.layout_cost(dict(fsdp=8), P, tokens, dim, layers)[0] == 3 * ring * 4 * P
     assert capstone.layout_cost(dict(tp=8), P, tokens, dim, layers)[0] == 8 * ring * tokens * dim * 4 * layers
-    assert capstone.layout_cost(dict(pp=2), P, tokens, dim, layers)[0] == 2 * tokens * dim * 4
+    assert capstone.layout_cost(dict(pp=2), P, tokens, dim, layers)[0] == tokens * dim * 4  # one way per stage
+    assert capstone.layout_cost(dict(pp=4), P, tokens, dim, layers)[0] == 2 * tokens * dim * 4  # middle: both
+    assert capstone.pipeline_bytes(dict(pp=2, tp=2), tokens, dim) == tokens / 2 * dim * 4  # its own tokens
     # cp=4: gradients all-reduced like dp; per layer the ring sends K and V 3 times forward,
     # K, V, dK, dV 3 times and dK, dV once more backward: 20 blocks of a quarter of the tokens
     block = tokens // 4 * dim * 4

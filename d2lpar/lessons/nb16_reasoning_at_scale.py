@@ -48,7 +48,7 @@ def predict_memory(cfg, gpus, local_batch, seq_len, ac='selective', tp=1, pp=1, 
     tokens = local_batch * seq_len / tp  # whose activations a rank keeps (sequence parallel)
     a, b, c = ACT_VALUES[ac]
     kv = dim // cfg['n_heads'] * cfg['n_kv_heads']
-    return dict(params=4 * shard, optimizer=8 * shard, gathered=2 * rest / tp * (fsdp > 1),
+    return dict(params=4 * shard, optimizer=8 * shard, gathered=2 * rest / tp,
                 activations=2 * layers * tokens * min(m, pp) / m * (a * dim + b * kv + c * cfg['hidden']),
                 loss=local_batch * seq_len * (12 * cfg['vocab'] + 10 * dim) / tp)
 
