@@ -68,7 +68,7 @@ def check_choose_layout(choose_layout, rng):
         if got not in list(_layouts(cfg, gpus, num_seqs)):
             raise _Fail(f'{case}: {got} is no layout of {gpus} GPUs with whole stages and whole sequences '
                         f'per FSDP rank.\nHint: {_RULE}')
-        mine, theirs = predict_layout(cfg, gpus, num_seqs, seq_len, got), predict_layout(cfg, gpus, num_seqs, seq_len, best)
+        mine, theirs = (predict_layout(cfg, gpus, num_seqs, seq_len, layout) for layout in (got, best))
         if mine['peak'] > limit:
             raise _Fail(f'{case}: {got} needs {mine["peak"]:.4g} bytes per GPU, more than the limit.'
                         '\nHint: keep only layouts whose predicted peak fits.')
