@@ -5,8 +5,9 @@ tensor parallelism) with torch's `fake` process-group backend and `FakeTensorMod
 every operation computes shapes only, nothing is allocated and nothing is sent, yet
 FSDP2, DTensor, autograd and AdamW run their real code. It returns what the step
 would do on that rank: its collectives and bytes, its FLOPs and its peak memory by
-category. `predict` is the closed-form model of the same quantities (and of step
-time), written so that both can be held against each other and against published runs.
+category. The predictor it is held against (`predict`, `check_mfu` and their parts) is taught in
+notebook 16's `#@save` cells and generated into d2lpar/lessons/nb16_reasoning_at_scale.py (edit the
+notebook, then `make lib`); this module re-exports it beside the tooling the notebook only calls.
 """
 import contextlib
 from collections import defaultdict
@@ -16,8 +17,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ['LLAMA3', 'H100', 'PUBLISHED', 'Llama', 'num_params', 'model_flops_per_token',
-           'fake_step', 'predict', 'check_mfu', 'WIRE']
+from .lessons.nb16_reasoning_at_scale import *  # noqa: F403
+from .lessons.nb16_reasoning_at_scale import __all__ as _nb16
+
+__all__ = [*_nb16, 'LLAMA3', 'PUBLISHED', 'Llama', 'fake_step', 'WIRE']
 
 # Llama 3.1 shapes as torchtitan builds them (torchtitan/models/llama/__init__.py at commit
 # 9dec370, the commit of its December 2024 benchmarks; the FFN width is torchtitan's rounding of
@@ -27,13 +30,6 @@ LLAMA3 = {
     '70B': dict(dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, hidden=28672, vocab=128256),
     '405B': dict(dim=16384, n_layers=126, n_heads=128, n_kv_heads=8, hidden=53248, vocab=128256),
 }
-
-# H100 SXM: dense BF16 peak from NVIDIA's datasheet (the sparse figure is twice this), as
-# torchtitan's get_peak_flops uses it; MAMF (the best matmul speed measured) from Stas Bekman's
-# ml-engineering, compute/accelerator/README.md (794.5 of 989 TFLOPS); NVLink 900 GB/s both ways
-# (NVIDIA's datasheet), 450 GB/s each way, within a host of 8; between hosts 400 Gb/s RDMA per GPU
-# (torchtitan's benchmark hardware section).
-H100 = dict(name='H100 SXM', peak=989e12, mamf=794.5e12, nvlink=450e9, network=50e9, gpus_per_host=8)
 
 # torchtitan, benchmarks/llama3_h100_202412_torchtitan.md: Llama 3.1 on H100s, bf16 without
 # Float8 or compile only (the rows this model can speak about), seq_len 8192 (the train configs
@@ -131,27 +127,6 @@ class Llama(nn.Module):
         return self.output(self.norm(h))
 
 
-def _block_params(cfg):
-    d, kv = cfg['dim'], cfg['dim'] // cfg['n_heads'] * cfg['n_kv_heads']
-    return 2 * d * d + 2 * d * kv + 3 * d * cfg['hidden'] + 2 * d  # wq wo, wk wv, w1 w2 w3, 2 norms
-
-
-def num_params(cfg, n_layers=None):
-    """Return (parameters of the blocks, of the rest: embedding, final norm and output)."""
-    return (n_layers or cfg['n_layers']) * _block_params(cfg), 2 * cfg['vocab'] * cfg['dim'] + cfg['dim']
-
-
-def model_flops_per_token(cfg, seq_len, n_layers=None):
-    """Return the model FLOPs of one token's forward and backward: 6 per matmul weight plus attention.
-
-    The PaLM appendix B convention torchtitan uses: the embedding does no matmul, causal masking
-    is not subtracted, recomputation is not counted.
-    """
-    blocks, _ = num_params(cfg, n_layers)
-    matmul_weights = blocks - 2 * (n_layers or cfg['n_layers']) * cfg['dim'] + cfg['vocab'] * cfg['dim']
-    return 6 * matmul_weights + 12 * (n_layers or cfg['n_layers']) * cfg['dim'] * seq_len
-
-
 # Bytes one rank sends per byte of the collective's input, n ranks, ring algorithms.
 WIRE = {'all_gather_into_tensor': lambda n: n - 1, '_allgather_base_': lambda n: n - 1,
         'reduce_scatter_tensor': lambda n: (n - 1) / n, '_reduce_scatter_base_': lambda n: (n - 1) / n,
@@ -223,6 +198,29 @@ def _tensor_parallel(net, tp_mesh):
             'feed_forward.w2': RowwiseParallel(output_layouts=Shard(1))})
 
 
+@contextlib.contextmanager
+def _propagation_unseen():
+    """Hide DTensor's sharding propagation from the memory tracker.
+
+    To find an output's global shape DTensor runs each operation once on fake tensors of the
+    global shape (torch/distributed/tensor/_sharding_prop.py); in a real run they never hold
+    memory, but inside our FakeTensorMode the tracker would count them: under loss parallelism,
+    two fp32 tensors of the whole vocabulary's logits that no rank ever allocates.
+    """
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+    from torch.utils._python_dispatch import _disable_current_modes
+    propagate = ShardingPropagator._propagate_tensor_meta_non_cached
+
+    def unseen(self, op_schema):
+        with _disable_current_modes():  # no tracker; DTensor makes its own FakeTensorMode
+            return propagate(self, op_schema)
+    ShardingPropagator._propagate_tensor_meta_non_cached = unseen
+    try:
+        yield
+    finally:
+        ShardingPropagator._propagate_tensor_meta_non_cached = propagate
+
+
 def fake_step(cfg, gpus, local_batch, seq_len, n_layers, ac='selective', tp=1, rank=0):
     """Run rank `rank`'s training step of `cfg` on `gpus` GPUs (FSDP x tp) with fake tensors and the fake backend.
 
@@ -266,7 +264,7 @@ def fake_step(cfg, gpus, local_batch, seq_len, n_layers, ac='selective', tp=1, r
                 opt.zero_grad()
             step()
             memory, flops, comm = FSDPMemTracker(net, opt), _flop_counter(), _comm_bytes_mode()
-            with memory, flops, comm:
+            with memory, flops, comm, _propagation_unseen():
                 step()
             peak = memory.get_tracker_snapshot('peak')[torch.device('cpu')]
         return dict(sent=dict(comm.sent), flops=flops.get_total_flops(),
@@ -274,68 +272,3 @@ def fake_step(cfg, gpus, local_batch, seq_len, n_layers, ac='selective', tp=1, r
                     peak={str(k).split('.')[-1].lower(): v for k, v in peak.items()})
     finally:
         dist.destroy_process_group()
-
-
-ACT_VALUES = {  # values one block keeps per token for backward, in units of (dim, kv width, hidden)
-    # everything: norms (with fp32 copies), q, k, v, repeated k, v, attention, w1, w3, silu, product
-    'none': (13.5, 2, 4),
-    'full': (1, 0, 0),  # the block's input only: everything else is recomputed
-    'selective': (4, 1, 1),  # input, q, attention output, w2 output; v; w1 output (every 2nd matmul)
-}
-
-
-def predict(cfg, gpus, local_batch, seq_len, ac='selective', tp=1, pp=1, microbatches=None,
-            stages_per_rank=1, gpu=H100, efficiency=1.0):
-    """Predict one rank's peak memory by category, bytes sent and step time under FSDP x tp.
-
-    Memory (bytes) at the step's peak, the backward of the loss: fp32 parameters and AdamW's
-    two moments, sharded over the gpus // tp FSDP ranks (blocks also over tp); the root's
-    gathered bf16 embedding and output; each block's saved bf16 activations (ACT_VALUES); the
-    loss head (12 bytes a logit and 10 a hidden value, as the fake run of this loss measures).
-    Bytes: FSDP gathers bf16 block parameters twice (forward, backward), the root's once (it
-    stays gathered after forward), and reduce-scatters fp32 gradients once.
-    Time: FLOPs executed (recomputation included) at `efficiency` x MAMF, communication at the
-    slowest link a collective crosses, hidden behind compute (FSDP prefetches). With pp > 1
-    stages, a rank holds and computes 1/pp of the blocks, keeps the activations of up to pp
-    micro-batches (1F1B), and a step lasts m + (pp - 1) / stages_per_rank micro-batch times
-    instead of m (the bubble); `microbatches` m defaults to pp, as in torchtitan.
-    """
-    if ac not in ACT_VALUES:
-        raise ValueError(f'predict: ac must be one of {sorted(ACT_VALUES)}, got {ac!r}')
-    if gpus % (tp * pp):
-        raise ValueError(f'predict: tp * pp = {tp * pp} must divide gpus={gpus}')
-    m = microbatches or pp
-    fsdp, layers, dim = gpus // (tp * pp), -(-cfg['n_layers'] // pp), cfg['dim']  # the largest stage
-    blocks, rest = num_params(cfg, layers)  # (embedding and output counted on every stage: an upper bound)
-    shard = (blocks / tp + rest / tp * (tp > 1) + rest * (tp == 1)) / fsdp  # parameters a rank keeps
-    tokens = local_batch * seq_len / tp  # tokens whose activations a rank keeps (sequence parallel)
-    kv = dim // cfg['n_heads'] * cfg['n_kv_heads']
-    a, b, c = ACT_VALUES[ac]
-    memory = dict(params=4 * shard, optimizer=8 * shard, gathered=2 * rest / tp * (fsdp > 1),
-                  activations=2 * layers * tokens * min(m, pp) / m * (a * dim + b * kv + c * cfg['hidden']),
-                  loss=local_batch * seq_len * (12 * cfg['vocab'] + 10 * dim) / tp)
-    root = rest / (tp * fsdp) if tp > 1 else rest / fsdp
-    sent = {'all-gather': 2 * (fsdp - 1) * (2 * shard - root),
-            'reduce-scatter': 4 * shard * (fsdp - 1)}
-    link = gpu['nvlink'] if gpus <= gpu['gpus_per_host'] else gpu['network']
-    flops = model_flops_per_token(cfg, seq_len) * local_batch * seq_len / (tp * pp)
-    redo = {'none': 0, 'selective': dim * (kv + dim + cfg['hidden']),  # wk, wo, w3: every 2nd matmul
-            'full': blocks / layers - 2 * dim}[ac]  # every matmul of the block
-    recompute = (2 * layers * redo + 2 * layers * dim * seq_len) * local_batch * seq_len / tp  # + flash's backward
-    compute = (flops + recompute) / (efficiency * gpu['mamf'])
-    comm = sum(sent.values()) / link
-    step = max(compute, comm) * (m + (pp - 1) / stages_per_rank) / m  # the pipeline's bubble
-    return dict(memory=memory, peak=sum(memory.values()), sent=sent, flops=flops,
-                hardware_flops=flops + recompute, compute_s=compute, comm_s=comm, step_s=step,
-                tps=local_batch * seq_len / (tp * pp) / step, mfu=flops / step / gpu['peak'])
-
-
-def check_mfu(mfu, gpu=H100):
-    """Refuse an MFU that no run can reach: above 1, or above the GPU's measured matmul ceiling."""
-    if not 0 < mfu <= 1:
-        raise ValueError(f'check_mfu: MFU {mfu:.1%} is impossible; is the peak the right GPU\'s '
-                         'dense figure, and the FLOPs per token those of this model?')
-    if mfu > gpu['mamf'] / gpu['peak']:
-        raise ValueError(f'check_mfu: MFU {mfu:.1%} is above what the fastest matmul reaches on '
-                         f'{gpu["name"]} ({gpu["mamf"] / gpu["peak"]:.1%} of peak): check the FLOPs and the peak')
-    return mfu

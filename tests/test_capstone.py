@@ -48,7 +48,9 @@ def test_layout_cost_by_hand():
     assert capstone.layout_cost(dict(dp=8), P, tokens, dim, layers)[0] == 2 * ring * 4 * P
     assert capstone.layout_cost(dict(fsdp=8), P, tokens, dim, layers)[0] == 3 * ring * 4 * P
     assert capstone.layout_cost(dict(tp=8), P, tokens, dim, layers)[0] == 8 * ring * tokens * dim * 4 * layers
-    assert capstone.layout_cost(dict(pp=2), P, tokens, dim, layers)[0] == 2 * tokens * dim * 4
+    assert capstone.layout_cost(dict(pp=2), P, tokens, dim, layers)[0] == tokens * dim * 4  # one way per stage
+    assert capstone.layout_cost(dict(pp=4), P, tokens, dim, layers)[0] == 2 * tokens * dim * 4  # middle: both
+    assert capstone.pipeline_bytes(dict(pp=2, tp=2), tokens, dim) == tokens / 2 * dim * 4  # its own tokens
     # cp=4: gradients all-reduced like dp; per layer the ring sends K and V 3 times forward,
     # K, V, dK, dV 3 times and dK, dV once more backward: 20 blocks of a quarter of the tokens
     block = tokens // 4 * dim * 4
@@ -99,7 +101,7 @@ def _train_layouts(rank, world_size, runs):
     seed = capstone.TinyGPT(**MODEL).state_dict()
     want = _reference(seed)
     X, y = capstone.counting_task(NUM_SEQS * STEPS, SEQ_LEN, MODEL['vocab'])
-    gaps, sent = [], []
+    gaps, sent, counts = [], [], []
     for layout, broken in runs:
         mesh = capstone.layout_mesh(layout)
         net = capstone.TinyGPT(**MODEL)
@@ -115,20 +117,22 @@ def _train_layouts(rank, world_size, runs):
             comm = CommDebugMode() if checked else contextlib.nullcontext()
             with comm, capstone.StepCost(net, opt) as cost:
                 capstone.train_step(net, schedule, opt, X[rows], y[rows], layout, mesh, broken)
-            if checked:
-                seen = {k.__name__: c for k, c in comm.get_comm_counts().items() if c}
-                assert {k: c for k, c in cost.calls.items() if k != 'send'} == seen, (layout, cost.calls, seen)
+            if checked:  # compared in the test itself, where a failure names this check
+                counts.append((layout, {k: c for k, c in cost.calls.items() if k != 'send'},
+                               {k.__name__: c for k, c in comm.get_comm_counts().items() if c}))
         params = capstone.full_parameters(net)
         gaps.append(max((p - want[k]).abs().max().item() for k, p in params.items()))
         sent.append(dict(cost.sent))
-    return gaps, sent
+    return gaps, sent, counts
 
 
 def test_each_planted_bug_is_caught_and_each_correct_layout_is_not():
     """On 2 ranks: dp, pp, tp and cp layouts equal one process to float32 rounding; their bugs do not."""
     runs = [(dict(dp=2), []), (dict(dp=2), ['dp_average']), (dict(pp=2), []), (dict(pp=2), ['pp_scale']),
             (dict(tp=2), []), (dict(tp=2), ['sp_norm']), (dict(cp=2), [])]
-    gaps, sent = run_ranks(_train_layouts, 2, runs)[0]
+    gaps, sent, counts = run_ranks(_train_layouts, 2, runs)[0]
+    for layout, ours, torchs in counts:  # StepCost saw every collective torch's CommDebugMode saw
+        assert ours == torchs, (layout, ours, torchs)
     tolerance = 1e-6  # a few units of float32's last place on parameters of order 1
     for (layout, broken), gap in zip(runs, gaps):
         if broken:

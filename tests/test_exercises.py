@@ -854,40 +854,39 @@ def test_merge_reference_agrees_with_torch_on_the_ring_attention_merge():
 # ------------------------------------------------- notebook 17: choosing a layout
 
 def _search(key):
-    from d2lpar.capstone import layout_cost
-    from d2lpar.exercises.capstone import _layouts
+    from d2lpar.exercises.capstone import _layouts, predict_layout
 
-    def choose(world_size, num_params, tokens, dim, num_layers, memory_limit):
-        return min(_layouts(world_size, num_layers),
-                   key=lambda l: layout_cost(l, num_params, tokens, dim, num_layers)[key])
+    def choose(cfg, gpus, num_seqs, seq_len, memory_limit):
+        return min(_layouts(cfg, gpus, num_seqs),
+                   key=lambda l: predict_layout(cfg, gpus, num_seqs, seq_len, l)[key])
     return choose
 
 
 def choose_ignoring_memory(*args):
-    return _search(0)(*args)  # fewest bytes, fits or not
+    return _search('step_s')(*args)  # the fastest, fits or not
 
 
 def choose_least_memory(*args):
-    return _search(1)(*args)  # fits, but not the fewest bytes
+    return _search('peak')(*args)  # fits, but not the fastest
 
 
-def choose_all_data_parallel(world_size, *args):
-    return dict(dp=world_size)
+def choose_all_fsdp(cfg, gpus, *args):
+    return dict(fsdp=gpus)
 
 
-def choose_wrong_product(world_size, *args):
-    return dict(dp=world_size, tp=2)
+def choose_wrong_product(cfg, gpus, *args):
+    return dict(fsdp=gpus, tp=2)
 
 
-def choose_list(world_size, *args):
-    return [1, 1, 1, world_size]
+def choose_list(cfg, gpus, *args):
+    return [1, gpus, 1]
 
 
 @pytest.mark.parametrize('wrong, hints', [
     (choose_ignoring_memory, ('more than the limit',)),
-    (choose_least_memory, ('fits but sends',)),
-    (choose_all_data_parallel, ('more than the limit', 'fits but sends')),
-    (choose_wrong_product, ('multiply to',)),
+    (choose_least_memory, ('fits but its step takes',)),
+    (choose_all_fsdp, ('more than the limit', 'fits but its step takes')),
+    (choose_wrong_product, ('is no layout',)),
     (choose_list, ('return a dict',)),
 ], ids=lambda x: getattr(x, '__name__', None))
 def test_choose_layout_wrong_answers_get_their_hint(wrong, hints):

@@ -6,7 +6,7 @@ from d2lpar import scale
 CFG = scale.LLAMA3['8B']
 
 
-@pytest.mark.parametrize('ac', ['selective'])  # 'none' and 'full': FLOPs not yet exact
+@pytest.mark.parametrize('ac', ['none', 'selective', 'full'])
 def test_predictor_matches_a_fake_run(ac):
     for L in (1, 2):
         run = scale.fake_step(CFG, 16, 2, 8192, L, ac=ac)
@@ -70,3 +70,23 @@ def test_largest_batch_wrong_answers_get_their_hint(wrong, hint):
 def test_largest_batch_catches_a_rule_that_ignores_checkpointing():
     from d2lpar import exercises
     assert not all(exercises.check_largest_batch(ignores_checkpointing, seed=s).passed for s in range(5))
+
+
+@pytest.mark.parametrize('gpus', [1, 2])
+def test_predictor_matches_a_fake_run_on_one_or_two_ranks(gpus):
+    """FSDP2 keeps the root's bf16 copy on one rank too; the GPU row of verify/gpucheck.py uses this model."""
+    cfg = dict(dim=1024, n_layers=2, n_heads=8, n_kv_heads=4, hidden=2816, vocab=32000)
+    for ac in ('selective', 'full'):
+        run = scale.fake_step(cfg, gpus, 2, 1024, 2, ac=ac)
+        p = scale.predict(cfg, gpus, 2, 1024, ac=ac)
+        assert abs(p['peak'] / run['peak']['total'] - 1) < 1e-3, (ac, p['peak'], run['peak'])
+        assert p['hardware_flops'] == run['flops']
+
+
+def test_predict_refuses_bad_layouts_by_name():
+    with pytest.raises(ValueError, match='predict: tp \\* pp = 16 must divide gpus=8'):
+        scale.predict(CFG, 8, 1, 2048, tp=4, pp=4)
+    with pytest.raises(ValueError, match='predict: local_batch must be a positive int'):
+        scale.predict(CFG, 8, 0, 2048)
+    with pytest.raises(ValueError, match='predict_memory: ac must be one of'):
+        scale.predict_memory(CFG, 8, 1, 2048, ac='some')

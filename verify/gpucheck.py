@@ -170,7 +170,7 @@ def quick_rows(scratch):
 
     The estimates are for one H100 with 16 CPU cores, from the CPU timings of the same work
     (the test suite's per-notebook seconds, a torchrun start of about 10 s, inductor's
-    compile of a few kernels); they sum to 465 s, under 8 minutes. `--budget` (default 480 s with
+    compile of a few kernels); they sum to 479 s, under 8 minutes. `--budget` (default 480 s with
     --quick) bounds the whole run: rows not started by then are reported NOT RUN.
     """
     one = functools.partial(Row, needs=1, quick=True, timeout=240)
@@ -206,7 +206,31 @@ def quick_rows(scratch):
         _script_row('DTensor plans, loss_parallel', '12_tensor_parallel', 'tp_dtensor.py', 1,
                     scratch, quick=True, estimate=30, timeout=240),
     ]
-    return table
+    return table + _scale_rows()
+
+
+def _scale_rows():
+    """Notebook 16's memory prediction against torch.cuda.max_memory_allocated (verify/scale_fit_cuda.py)."""
+    return [Row('quick: scale.predict against max_memory_allocated, FSDP2 step of a small Llama, 1 rank',
+                needs=1, quick=True, timeout=240, estimate=14, env={'PYTHONPATH': str(ROOT)},
+                argv=_python('-m', 'torch.distributed.run', '--standalone', '--nproc-per-node=1',
+                             ROOT / 'verify' / 'scale_fit_cuda.py'),
+                check=functools.partial(_check_scale_fit, nproc=1))]
+
+
+def _check_scale_fit(records, log, nproc):
+    """Notebook 16's prediction: the bytes of live tensors at the step's peak, within 5% + 64 MiB.
+
+    The fake run equals CPU processes to the byte and the predictor is within 0.1% of it; on a
+    GPU the allocator rounds each block up to 512 bytes and cuBLAS keeps workspaces (tens of MiB).
+    """
+    from d2lpar import scale
+    for rank, r in _ranks(records, nproc, 'max_allocated').items():
+        predicted = scale.predict(r['cfg'], r['world_size'], r['batch'], r['seq_len'], ac=r['ac'])['peak']
+        measured = r['max_allocated']
+        _expect(abs(measured - predicted) <= 0.05 * predicted + 64 * 2**20,
+                f'rank {rank}: max_memory_allocated {measured / 2**20:.1f} MiB, predicted '
+                f'{predicted / 2**20:.1f} MiB')
 
 
 class CheckFailed(Exception):

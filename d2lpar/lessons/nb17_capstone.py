@@ -20,7 +20,7 @@ from d2lpar.memory import StepMemory
 from d2lpar.checks import checked
 from d2lpar.checks.nb17_capstone import CHECKS
 
-__all__ = ['CausalAttention', 'GPTBlock', 'TinyGPT', 'lm_loss', 'counting_task', 'DIMS', 'layout_mesh', 'coordinates', 'pipeline_stage', 'tensor_plan', 'parallelize', 'average_gradients', 'train_step', 'full_parameters', 'RING', 'StepCost', 'layout_cost']
+__all__ = ['CausalAttention', 'GPTBlock', 'TinyGPT', 'lm_loss', 'counting_task', 'DIMS', 'layout_mesh', 'coordinates', 'pipeline_stage', 'tensor_plan', 'parallelize', 'average_gradients', 'train_step', 'full_parameters', 'RING', 'StepCost', 'pipeline_bytes', 'layout_cost']
 
 
 # Taught in notebooks/17_capstone.ipynb, cell 3.
@@ -43,6 +43,7 @@ class CausalAttention(nn.Module):
         return self.out(Y.transpose(1, 2).reshape(B, T, -1))
 
 
+# Taught in notebooks/17_capstone.ipynb, cell 4.
 class GPTBlock(nn.Module):
     """A pre-norm decoder block: X + attention(norm1(X)), then X + mlp(norm2(X))."""
 
@@ -57,6 +58,7 @@ class GPTBlock(nn.Module):
         return X + self.mlp(self.norm2(X))
 
 
+# Taught in notebooks/17_capstone.ipynb, cell 6.
 class TinyGPT(nn.Module):
     """Token embedding, decoder blocks, a final norm and a head to the vocabulary's logits.
 
@@ -80,6 +82,7 @@ class TinyGPT(nn.Module):
         return X
 
 
+# Taught in notebooks/17_capstone.ipynb, cell 7.
 def lm_loss(logits, y):
     """The mean cross-entropy of the next-token predictions over all tokens."""
     return F.cross_entropy(logits.flatten(0, 1), y.flatten())
@@ -94,7 +97,7 @@ def counting_task(num_seqs, seq_len, vocab, seed=0):
     return tokens[:, :-1], tokens[:, 1:]
 
 
-# Taught in notebooks/17_capstone.ipynb, cell 7.
+# Taught in notebooks/17_capstone.ipynb, cell 13.
 DIMS = ('pp', 'dp', 'fsdp', 'cp', 'tp')  # outermost to innermost: tp's ranks are neighbours
 
 
@@ -110,7 +113,7 @@ def coordinates(mesh, layout):
     return {name: mesh[name].get_local_rank() if layout.get(name, 1) > 1 else 0 for name in DIMS}
 
 
-# Taught in notebooks/17_capstone.ipynb, cell 11.
+# Taught in notebooks/17_capstone.ipynb, cell 17.
 def pipeline_stage(net, stage, num_stages):
     """Return a copy of `net` keeping only stage `stage`'s part: an equal share of the blocks."""
     net = copy.deepcopy(net)
@@ -125,6 +128,7 @@ def pipeline_stage(net, stage, num_stages):
     return net
 
 
+# Taught in notebooks/17_capstone.ipynb, cell 18.
 def tensor_plan(net, norm_style=SequenceParallel):
     """Return parallelize_module's plan: heads and MLP split, the rest sequence parallel."""
     gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
@@ -145,7 +149,7 @@ def tensor_plan(net, norm_style=SequenceParallel):
     return plan
 
 
-# Taught in notebooks/17_capstone.ipynb, cell 14.
+# Taught in notebooks/17_capstone.ipynb, cell 20.
 def parallelize(net, layout, mesh, microbatches=2, broken=()):
     """Return this rank's (module, schedule): `net` cut, split and sharded as `layout` says.
 
@@ -174,6 +178,7 @@ def parallelize(net, layout, mesh, microbatches=2, broken=()):
                               scale_grads='pp_scale' not in broken)
 
 
+# Taught in notebooks/17_capstone.ipynb, cell 22.
 def average_gradients(net, group, size, divide=True):
     """All-reduce (sum) every gradient over `group`'s `size` ranks, then divide by `size`."""
     with torch.no_grad():
@@ -184,6 +189,7 @@ def average_gradients(net, group, size, divide=True):
                 grad /= size
 
 
+# Taught in notebooks/17_capstone.ipynb, cell 23.
 def train_step(net, schedule, opt, X, y, layout, mesh, broken=()):
     """One SGD step on this rank's share of the batch; return its loss (None off the last stage).
 
@@ -217,7 +223,7 @@ def full_parameters(net):
             for name, p in net.named_parameters()}
 
 
-# Taught in notebooks/17_capstone.ipynb, cell 16.
+# Taught in notebooks/17_capstone.ipynb, cell 25.
 RING = {  # bytes one rank sends per byte of the collective's input, n ranks (ring algorithms)
     'allreduce_': lambda n: 2 * (n - 1) / n, 'all_reduce': lambda n: 2 * (n - 1) / n,
     '_allgather_base_': lambda n: n - 1, 'all_gather_into_tensor': lambda n: n - 1,  # its input
@@ -231,6 +237,7 @@ def _group_size(group):
     return dist.ProcessGroup.unbox(group).size()  # the dispatcher hands c10d ops a boxed group
 
 
+# Taught in notebooks/17_capstone.ipynb, cell 26.
 class StepCost(StepMemory):
     """StepMemory that also counts the calls and bytes of every collective this rank runs in the step."""
 
@@ -255,6 +262,16 @@ class StepCost(StepMemory):
         return super().__torch_dispatch__(func, types, args, kwargs)
 
 
+# Taught in notebooks/17_capstone.ipynb, cell 28.
+def pipeline_bytes(layout, tokens, dim, bytes_per_value=4):
+    """Return the bytes a pipeline rank sends: its stage's output forward, its input's gradient back."""
+    dp, fsdp, cp, tp, pp = (layout.get(name, 1) for name in ('dp', 'fsdp', 'cp', 'tp', 'pp'))
+    if pp == 1:
+        return 0
+    mine = tokens / (dp * fsdp * cp * tp) * dim * bytes_per_value  # tp: a rank holds its tokens only (SP)
+    return mine * (2 if pp > 2 else 1)  # a middle stage sends both ways, the first and last one way
+
+
 @checked(CHECKS['layout_cost'])
 def layout_cost(layout, num_params, tokens, dim, num_layers, bytes_per_value=4):
     """Return (bytes a rank sends, bytes it holds) in one SGD step under `layout`: a first-order model.
@@ -270,6 +287,6 @@ def layout_cost(layout, num_params, tokens, dim, num_layers, bytes_per_value=4):
             + 3 * ring(fsdp) * state  # gather in forward, again in backward, reduce-scatter
             + 8 * ring(tp) * act * num_layers / pp  # 4 all-gathers, 4 reduce-scatters per block
             + ((6 * (cp - 1) + 2) * act / tp * num_layers / pp if cp > 1 else 0)  # ring attention's K, V (dK, dV)
-            + (2 * act if pp > 1 else 0))  # a stage's output forward, its gradient back
+            + pipeline_bytes(layout, tokens, dim, bytes_per_value))
     held = 2 * state / fsdp + 16 * act * num_layers / (tp * pp)
     return sent, held
