@@ -6,9 +6,9 @@ d2lpar/checks/nb14_context_expert.py.
 """
 import math
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+import torch.distributed as dist
 from d2lpar.collectives import send_and_receive
 from d2lpar.checks import checked
 from d2lpar.checks.nb14_context_expert import CHECKS
@@ -115,6 +115,7 @@ class AllToAll(torch.autograd.Function):
         return dX, None, None
 
 
+# Taught in notebooks/14_context_expert.ipynb, cell 20.
 class ExpertParallelMoE(nn.Module):
     """An MoE whose experts are split across the ranks; every rank keeps the router."""
 
@@ -154,7 +155,7 @@ class ExpertParallelMoE(nn.Module):
         return torch.zeros_like(X).index_add(0, token, Y * gate[:, None])
 
 
-# Taught in notebooks/14_context_expert.ipynb, cell 20.
+# Taught in notebooks/14_context_expert.ipynb, cell 27.
 def attend_block(Q, K, V, mask=None):
     """Attend queries Q to one block of keys and values; return the output and its log-sum-exp."""
     scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
@@ -171,7 +172,7 @@ def merge_attention(O1, lse1, O2, lse2):
     return torch.exp(lse1 - lse) * O1 + torch.exp(lse2 - lse) * O2, lse
 
 
-# Taught in notebooks/14_context_expert.ipynb, cell 23.
+# Taught in notebooks/14_context_expert.ipynb, cell 30.
 @checked(CHECKS['sequence_chunks'])
 def sequence_chunks(n, zigzag=True):
     """Return the chunks each of n ranks holds: chunk r of n, or r and 2n-1-r of 2n (zig-zag)."""
@@ -194,7 +195,7 @@ def chunk_mask(i, j, size, causal, device=None):
     return torch.ones(size, size, dtype=torch.bool, device=device).tril()
 
 
-# Taught in notebooks/14_context_expert.ipynb, cell 26.
+# Taught in notebooks/14_context_expert.ipynb, cell 33.
 def pass_on(block, group=None):
     """Start sending `block` to the next rank of the ring and receiving one from the previous."""
     rank, n = dist.get_rank(group), dist.get_world_size(group)  # within the group (None: all)
@@ -214,7 +215,7 @@ def visible_pairs(mine, theirs, size, causal, device=None):
                 yield a, b, mask
 
 
-# Taught in notebooks/14_context_expert.ipynb, cell 28.
+# Taught in notebooks/14_context_expert.ipynb, cell 35.
 def ring_forward(Q, K, V, causal=True, zigzag=True, stats=None, group=None):
     """Return this rank's attention output and log-sum-exp; keys and values go round a ring."""
     rank, n = dist.get_rank(group), dist.get_world_size(group)
@@ -239,7 +240,7 @@ def ring_forward(Q, K, V, causal=True, zigzag=True, stats=None, group=None):
     return tuple(torch.cat([r[i] for r in results], dim=-2) for i in (0, 1))
 
 
-# Taught in notebooks/14_context_expert.ipynb, cell 30.
+# Taught in notebooks/14_context_expert.ipynb, cell 37.
 def ring_backward(dO, Q, K, V, O, lse, causal=True, zigzag=True, group=None):
     """Return dQ, dK, dV of this rank's part; the key and value gradients go round the ring."""
     rank, n = dist.get_rank(group), dist.get_world_size(group)
@@ -273,7 +274,7 @@ def ring_backward(dO, Q, K, V, O, lse, causal=True, zigzag=True, group=None):
     return dQ, dKV[0], dKV[1]
 
 
-# Taught in notebooks/14_context_expert.ipynb, cell 32.
+# Taught in notebooks/14_context_expert.ipynb, cell 39.
 class RingAttention(torch.autograd.Function):
     """Attention over the whole sequence for this rank's queries, keys and values in a ring."""
 
@@ -299,7 +300,7 @@ def ring_attention(Q, K, V, causal=True, zigzag=True, stats=None, group=None):
     return RingAttention.apply(Q, K, V, causal, zigzag, stats, group)
 
 
-# Taught in notebooks/14_context_expert.ipynb, cell 34.
+# Taught in notebooks/14_context_expert.ipynb, cell 41.
 def ring_attention_bytes(n, block_bytes):
     """Return the bytes a rank sends in forward and in backward; its K holds `block_bytes`."""
     if n == 1:
