@@ -121,3 +121,32 @@ def test_ring_attention_within_subgroups():
     """Ring attention over each half of 4 ranks equals full attention of that half's sequence."""
     for rank, errors in run_ranks(_subgroup_ranks, 4).items():
         assert max(errors) <= 1, (rank, errors)  # output and the three gradients, in units of the bound
+
+
+def _batches(rank, n):
+    """Every send of ring attention, as (size of its batch, kinds, global peers), on two rings."""
+    groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    group, me = groups[rank % 2], dist.get_rank(groups[rank % 2])
+    batches, batch = [], dist.batch_isend_irecv
+
+    def recording(ops):
+        batches.append([(op.op.__name__, op.peer) for op in ops])
+        return batch(ops)
+
+    q, k, v = (torch.randn(1, 8, 4, dtype=torch.float64).requires_grad_() for _ in range(3))
+    dist.batch_isend_irecv = recording
+    try:
+        with count_calls() as calls:
+            CP.ring_attention(q, k, v, group=group).backward(torch.ones(1, 8, 4, dtype=torch.float64))
+    finally:
+        dist.batch_isend_irecv = batch
+    return {'batches': batches, 'isends': calls['isend']['calls'], 'me': me}
+
+
+def test_ring_messages_are_grouped_pairs_with_global_peers():
+    """NCCL's contract: a send and a receive in flight together are posted as one group."""
+    ring_size = 2
+    for rank, report in run_ranks(_batches, 4).items():
+        right = left = (rank + 2) % 4  # in a ring of two, both neighbours are the other rank
+        assert report['batches'] == [[('isend', right), ('irecv', left)]] * (3 * ring_size - 2)
+        assert report['isends'] == len(report['batches'])  # no isend outside a batch

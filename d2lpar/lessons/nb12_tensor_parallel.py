@@ -273,11 +273,11 @@ def saved_bytes(fn, *args, exclude=()):
     return out, sum(storages.values())
 
 
+# Taught in notebooks/12_tensor_parallel.ipynb, cell 21.
 WIRE_FACTORS = {  # bytes a rank sends, per byte of the call's tensor, n ranks, ring algorithms
     'all_reduce': lambda n: 2 * (n - 1) / n,  # reduce-scatter, then all-gather (notebook 9)
     'all_gather': lambda n: n - 1,  # its input block goes to the n - 1 others
-    'all_gather_into_tensor': lambda n: n - 1,
-    'all_gather_single': lambda n: n - 1,
+    'all_gather_into_tensor': lambda n: n - 1, 'all_gather_single': lambda n: n - 1,
     'reduce_scatter': lambda n: n - 1,  # one block of its output's size to each of the others
     'reduce_scatter_tensor': lambda n: n - 1,
     'reduce_scatter_single': lambda n: n - 1,
@@ -294,8 +294,7 @@ def count_wire_bytes():
             if depth[0] == 0:  # a collective that calls another is counted once
                 given = inspect.signature(original).bind(*args, **kwargs).arguments
                 n = dist.get_world_size(given.get('group'))
-                # The tensor whose size the factor refers to: the input of a gather, the output
-                # of a scatter (both are the block one rank contributes or keeps).
+                # the block one rank gives or keeps: a gather's input, a scatter's output
                 tensor = list(given.values())[1 if name.startswith('all_gather') else 0]
                 if isinstance(tensor, (list, tuple)):
                     tensor = tensor[0]
@@ -320,6 +319,7 @@ def count_wire_bytes():
             setattr(dist, name, original)
 
 
+# Taught in notebooks/12_tensor_parallel.ipynb, cell 23.
 @checked(CHECKS['block_bytes'])
 def block_bytes(num_params, tokens, dim, n, replicated=0, bytes_per_value=4):
     """Return the bytes one rank sends in one training step of one transformer block, by strategy.

@@ -10,7 +10,7 @@ import time
 from d2lpar.checks import checked
 from d2lpar.checks.nb13_pipeline_parallel import CHECKS
 
-__all__ = ['Busy', 'StandInDevice', 'split_backward', 'interleaved_bubble', 'replay']
+__all__ = ['Busy', 'StandInDevice', 'split_backward', 'InFlight', 'interleaved_bubble', 'replay', 'Stage']
 
 
 # Taught in notebooks/13_pipeline_parallel.ipynb, cell 3.
@@ -51,6 +51,7 @@ class StandInDevice(nn.Module):
         return Busy.apply(X, self)
 
 
+# Taught in notebooks/13_pipeline_parallel.ipynb, cell 5.
 def split_backward(stage, device):
     """Make `stage`'s backward record 'B' (whole), or 'I' and 'W' when a schedule splits it.
 
@@ -77,7 +78,30 @@ def split_backward(stage, device):
     stage.backward_weight_one_chunk = backward_weight_one_chunk
 
 
-# Taught in notebooks/13_pipeline_parallel.ipynb, cell 12.
+# Taught in notebooks/13_pipeline_parallel.ipynb, cell 7.
+class InFlight:
+    """Count the micro-batches whose forward ran and whose activations backward still needs."""
+
+    def __init__(self, modules, stages, split):
+        self.alive = self.peak = 0
+        self.split = split  # zero-bubble: the inputs are held until the weight pass (W) has run
+        for module in modules:
+            module.register_forward_hook(self.forward_done)
+        for stage in stages if split else ():
+            weights = stage.backward_weight_one_chunk
+            stage.backward_weight_one_chunk = lambda *a, w=weights, **k: (w(*a, **k), self.freed())[0]
+
+    def forward_done(self, module, args, out):
+        self.alive += 1
+        self.peak = max(self.peak, self.alive)
+        if not self.split:
+            out.register_hook(self.freed)  # the output's gradient arrived: backward frees them
+
+    def freed(self, *_):
+        self.alive -= 1
+
+
+# Taught in notebooks/13_pipeline_parallel.ipynb, cell 16.
 @checked(CHECKS['interleaved_bubble'])
 def interleaved_bubble(p, m, v=1):
     """Idle share of p ranks running m micro-batches through v stages each (1F1B, interleaved)."""
@@ -108,3 +132,16 @@ def replay(events, v=1):
         end = done[(i, j, phase)] = free[rank] = start + units[phase] / v
         out.append((rank, i, j, phase, start, end))
     return out
+
+
+# Taught in notebooks/13_pipeline_parallel.ipynb, cell 23.
+class Stage(nn.Module):
+    """One transformer block of notebook 12 as a pipeline stage: a module of one input."""
+
+    def __init__(self, block):
+        super().__init__()
+        self.block = block
+
+    def forward(self, X):
+        keep = [torch.ones((), device=X.device)] * 2  # dropout's two masks: everything kept
+        return self.block(X, keep)

@@ -6,14 +6,14 @@ d2lpar/checks/nb14_context_expert.py.
 """
 import math
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+import torch.distributed as dist
 from d2lpar.collectives import send_and_receive
 from d2lpar.checks import checked
 from d2lpar.checks.nb14_context_expert import CHECKS
 
-__all__ = ['pairwise_all_to_all', 'all_to_all_cost', 'route', 'expert_capacity', 'load_balancing_loss', 'MoE', 'AllToAll', 'ExpertParallelMoE', 'attend_block', 'merge_attention', 'sequence_chunks', 'shard_sequence', 'chunk_mask', 'RingAttention', 'ring_attention', 'ring_attention_bytes']
+__all__ = ['pairwise_all_to_all', 'all_to_all_cost', 'route', 'expert_capacity', 'load_balancing_loss', 'MoE', 'AllToAll', 'ExpertParallelMoE', 'attend_block', 'merge_attention', 'sequence_chunks', 'shard_sequence', 'chunk_mask', 'pass_on', 'visible_pairs', 'ring_forward', 'ring_backward', 'RingAttention', 'ring_attention', 'ring_attention_bytes']
 
 
 # Taught in notebooks/14_context_expert.ipynb, cell 3.
@@ -115,6 +115,7 @@ class AllToAll(torch.autograd.Function):
         return dX, None, None
 
 
+# Taught in notebooks/14_context_expert.ipynb, cell 20.
 class ExpertParallelMoE(nn.Module):
     """An MoE whose experts are split across the ranks; every rank keeps the router."""
 
@@ -154,7 +155,7 @@ class ExpertParallelMoE(nn.Module):
         return torch.zeros_like(X).index_add(0, token, Y * gate[:, None])
 
 
-# Taught in notebooks/14_context_expert.ipynb, cell 20.
+# Taught in notebooks/14_context_expert.ipynb, cell 27.
 def attend_block(Q, K, V, mask=None):
     """Attend queries Q to one block of keys and values; return the output and its log-sum-exp."""
     scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
@@ -171,7 +172,7 @@ def merge_attention(O1, lse1, O2, lse2):
     return torch.exp(lse1 - lse) * O1 + torch.exp(lse2 - lse) * O2, lse
 
 
-# Taught in notebooks/14_context_expert.ipynb, cell 23.
+# Taught in notebooks/14_context_expert.ipynb, cell 30.
 @checked(CHECKS['sequence_chunks'])
 def sequence_chunks(n, zigzag=True):
     """Return the chunks each of n ranks holds: chunk r of n, or r and 2n-1-r of 2n (zig-zag)."""
@@ -194,82 +195,100 @@ def chunk_mask(i, j, size, causal, device=None):
     return torch.ones(size, size, dtype=torch.bool, device=device).tril()
 
 
-# Taught in notebooks/14_context_expert.ipynb, cell 26.
+# Taught in notebooks/14_context_expert.ipynb, cell 33.
+def pass_on(block, group=None):
+    """Start sending `block` to the next rank of the ring and receiving one from the previous."""
+    rank, n = dist.get_rank(group), dist.get_world_size(group)  # within the group (None: all)
+    received = torch.empty_like(block)
+    requests = dist.batch_isend_irecv([  # one batch: neither waits for the other to start
+        dist.P2POp(dist.isend, block, group=group, group_peer=(rank + 1) % n),
+        dist.P2POp(dist.irecv, received, group=group, group_peer=(rank - 1) % n)])
+    return received, requests
+
+
+def visible_pairs(mine, theirs, size, causal, device=None):
+    """Yield (a, b, mask) for each of our query chunks a that sees their key chunk b."""
+    for a, i in enumerate(mine):
+        for b, j in enumerate(theirs):
+            mask = chunk_mask(i, j, size, causal, device)
+            if mask is not False:  # False: all of these keys come after all of these queries
+                yield a, b, mask
+
+
+# Taught in notebooks/14_context_expert.ipynb, cell 35.
+def ring_forward(Q, K, V, causal=True, zigzag=True, stats=None, group=None):
+    """Return this rank's attention output and log-sum-exp; keys and values go round a ring."""
+    rank, n = dist.get_rank(group), dist.get_world_size(group)
+    chunks = sequence_chunks(n, zigzag)
+    mine, size = chunks[rank], Q.shape[-2] // len(chunks[rank])
+    results = [None] * len(mine)  # (output, lse) of each of our query chunks, so far
+    KV = torch.stack([K, V])  # one message per step
+    for step in range(n):
+        src = (rank - step) % n  # whose keys and values we hold now
+        if step < n - 1:  # pass them on to the right while we compute with them
+            received, requests = pass_on(KV, group)
+        for a, b, mask in visible_pairs(mine, chunks[src], size, causal, Q.device):
+            q, k, v = (t.narrow(-2, x * size, size) for t, x in ((Q, a), (KV[0], b), (KV[1], b)))
+            O, lse = attend_block(q, k, v, mask)
+            results[a] = (O, lse) if results[a] is None else merge_attention(*results[a], O, lse)
+            if stats is not None:
+                stats['scores'] = stats.get('scores', 0) + q.shape[-2] * k.shape[-2]
+        if step < n - 1:
+            for request in requests:
+                request.wait()
+            KV = received
+    return tuple(torch.cat([r[i] for r in results], dim=-2) for i in (0, 1))
+
+
+# Taught in notebooks/14_context_expert.ipynb, cell 37.
+def ring_backward(dO, Q, K, V, O, lse, causal=True, zigzag=True, group=None):
+    """Return dQ, dK, dV of this rank's part; the key and value gradients go round the ring."""
+    rank, n = dist.get_rank(group), dist.get_world_size(group)
+    chunks = sequence_chunks(n, zigzag)
+    mine, size = chunks[rank], Q.shape[-2] // len(chunks[rank])
+    scale = 1 / math.sqrt(Q.shape[-1])
+    D = (dO * O).sum(dim=-1, keepdim=True)  # softmax's backward needs sum_j P_ij dP_ij
+    KV, dQ = torch.stack([K, V]), torch.zeros_like(Q)
+    dKV = torch.zeros_like(KV)
+    for step in range(n):
+        src = (rank - step) % n
+        if step < n - 1:  # the next keys and values travel while we compute
+            received, requests = pass_on(KV, group)
+        for a, b, mask in visible_pairs(mine, chunks[src], size, causal, Q.device):
+            rows, cols = slice(a * size, (a + 1) * size), slice(b * size, (b + 1) * size)
+            q, do, k, v = Q[..., rows, :], dO[..., rows, :], KV[0][..., cols, :], KV[1][..., cols, :]
+            scores = q @ k.transpose(-2, -1) * scale
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float('-inf'))
+            P = torch.exp(scores - lse[..., rows, :])  # the forward's probabilities, again
+            dS = P * (do @ v.transpose(-2, -1) - D[..., rows, :])
+            dQ[..., rows, :] += dS @ k * scale
+            dKV[0][..., cols, :] += dS.transpose(-2, -1) @ q * scale
+            dKV[1][..., cols, :] += P.transpose(-2, -1) @ do
+        if n > 1:  # the gradients follow their keys; after n passes they are home
+            dKV, done = pass_on(dKV, group)
+            for request in done + (requests if step < n - 1 else []):
+                request.wait()
+        if step < n - 1:
+            KV = received
+    return dQ, dKV[0], dKV[1]
+
+
+# Taught in notebooks/14_context_expert.ipynb, cell 39.
 class RingAttention(torch.autograd.Function):
     """Attention over the whole sequence for this rank's queries, keys and values in a ring."""
 
     @staticmethod
     def forward(ctx, Q, K, V, causal, zigzag, stats, group):
-        rank, n = dist.get_rank(group), dist.get_world_size(group)  # within the group (None: all)
-        chunks = sequence_chunks(n, zigzag)
-        mine, size = chunks[rank], Q.shape[-2] // len(chunks[rank])
-        results = [None] * len(mine)  # (output, lse) of each of our query chunks, so far
-        KV = torch.stack([K, V])  # one message per step
-        for step in range(n):
-            src = (rank - step) % n  # whose keys and values we hold now
-            if step < n - 1:  # pass them on to the right while we compute with them
-                received = torch.empty_like(KV)
-                requests = [dist.isend(KV, group_dst=(rank + 1) % n, group=group),
-                            dist.irecv(received, group_src=(rank - 1) % n, group=group)]
-            for a, i in enumerate(mine):
-                for b, j in enumerate(chunks[src]):
-                    mask = chunk_mask(i, j, size, causal, Q.device)
-                    if mask is False:  # all of these keys come after all of these queries
-                        continue
-                    q, k, v = (t.narrow(-2, x * size, size) for t, x in
-                               ((Q, a), (KV[0], b), (KV[1], b)))
-                    O, lse = attend_block(q, k, v, mask)
-                    results[a] = (O, lse) if results[a] is None else merge_attention(
-                        *results[a], O, lse)
-                    if stats is not None:
-                        stats['scores'] = stats.get('scores', 0) + q.shape[-2] * k.shape[-2]
-            if step < n - 1:
-                for request in requests:
-                    request.wait()
-                KV = received
-        O = torch.cat([O for O, _ in results], dim=-2)
-        lse = torch.cat([lse for _, lse in results], dim=-2)
+        O, lse = ring_forward(Q, K, V, causal, zigzag, stats, group)
         ctx.save_for_backward(Q, K, V, O, lse)
-        ctx.causal, ctx.zigzag, ctx.group = causal, zigzag, group
+        ctx.options = causal, zigzag, group
         return O
 
     @staticmethod
     def backward(ctx, dO):
-        Q, K, V, O, lse = ctx.saved_tensors
-        group = ctx.group
-        rank, n = dist.get_rank(group), dist.get_world_size(group)
-        chunks = sequence_chunks(n, ctx.zigzag)
-        mine, size = chunks[rank], Q.shape[-2] // len(chunks[rank])
-        scale = 1 / math.sqrt(Q.shape[-1])
-        D = (dO * O).sum(dim=-1, keepdim=True)  # softmax's backward needs sum_j P_ij dP_ij
-        dQ = torch.zeros_like(Q)
-        KV, dKV = torch.stack([K, V]), torch.zeros(2, *K.shape, dtype=K.dtype, device=K.device)
-        for step in range(n):
-            src = (rank - step) % n
-            for a, i in enumerate(mine):
-                for b, j in enumerate(chunks[src]):
-                    mask = chunk_mask(i, j, size, ctx.causal, Q.device)
-                    if mask is False:
-                        continue
-                    rows, cols = slice(a * size, (a + 1) * size), slice(b * size, (b + 1) * size)
-                    q, do = Q[..., rows, :], dO[..., rows, :]
-                    k, v = KV[0][..., cols, :], KV[1][..., cols, :]
-                    scores = q @ k.transpose(-2, -1) * scale
-                    if mask is not None:
-                        scores = scores.masked_fill(~mask, float('-inf'))
-                    P = torch.exp(scores - lse[..., rows, :])  # the forward's probabilities, again
-                    dS = P * (do @ v.transpose(-2, -1) - D[..., rows, :])
-                    dQ[..., rows, :] += dS @ k * scale
-                    dKV[0][..., cols, :] += dS.transpose(-2, -1) @ q * scale
-                    dKV[1][..., cols, :] += P.transpose(-2, -1) @ do
-            if n > 1:  # pass the block with its gradient; after n passes the gradient is home
-                message = torch.cat([KV, dKV]) if step < n - 1 else dKV
-                received = torch.empty_like(message)
-                request = dist.isend(message, group_dst=(rank + 1) % n, group=group)
-                dist.recv(received, group_src=(rank - 1) % n, group=group)
-                request.wait()
-                KV, dKV = (received[:2], received[2:]) if step < n - 1 else (KV, received)
-        return dQ, dKV[0], dKV[1], None, None, None, None
+        dQ, dK, dV = ring_backward(dO, *ctx.saved_tensors, *ctx.options)
+        return dQ, dK, dV, None, None, None, None
 
 
 @checked(CHECKS['ring_attention'])
@@ -281,7 +300,7 @@ def ring_attention(Q, K, V, causal=True, zigzag=True, stats=None, group=None):
     return RingAttention.apply(Q, K, V, causal, zigzag, stats, group)
 
 
-# Taught in notebooks/14_context_expert.ipynb, cell 28.
+# Taught in notebooks/14_context_expert.ipynb, cell 41.
 def ring_attention_bytes(n, block_bytes):
     """Return the bytes a rank sends in forward and in backward; its K holds `block_bytes`."""
     if n == 1:
