@@ -60,8 +60,8 @@ def record_exit(how, code):  # how this rank ended, and when: LaunchResult.exits
 
 
 def stopped(signum, frame):  # torchrun stops the other ranks with SIGTERM once one fails
-    os.write(2, b'[stopped by SIGTERM: torchrun ends every rank once one has failed, '
-                b'or the launch was ended]\n')
+    os.write(2, b'[rank_shim.py of d2lpar.launch: stopped by SIGTERM; torchrun sends it to every '
+                b'rank once one has failed, or the launch was ended]\n')
     record_exit('stopped', 128 + signum)
     flush_all()
     os._exit(128 + signum)
