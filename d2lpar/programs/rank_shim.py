@@ -6,7 +6,8 @@ Once the script and its atexit handlers are done, the rank ends with os._exit: a
 thread still releasing a collective's tensors while Python shuts down can abort the rank
 ("terminate called without an active exception": about one short DDP run in ten on a busy
 2-core machine; pytorch/pytorch#190489 narrows it to torch's interpreter hooks and the
-autograd engine stopping during interpreter finalisation). Processes a rank starts itself (mp.spawn) need d2lpar.distributed.exit_now.
+autograd engine stopping during interpreter finalisation). Processes a rank starts itself
+(mp.spawn) need d2lpar.distributed.exit_now.
 Before leaving, C stdio is flushed too: into a file it is fully buffered, and os._exit would
 drop what C code (NCCL_DEBUG=INFO) printed. When one rank fails, torchrun stops the others
 with SIGTERM, possibly before they report their own error: a stopped rank says so in its
