@@ -74,7 +74,7 @@ def split_batch(X, y, devices):
     return scatter(X, devices), scatter(y, devices)
 
 
-# Taught in notebooks/08_lenet_data_parallel.ipynb, cell 23.
+# Taught in notebooks/08_lenet_data_parallel.ipynb, cell 25.
 @checked(CHECKS['train_batch'])
 def train_batch(X, y, device_params, devices, lr):
     """Train on one minibatch split across `devices`: backward per device, allreduce, SGD."""
@@ -90,7 +90,7 @@ def train_batch(X, y, device_params, devices, lr):
         d2lpar.sgd(params, lr, X.shape[0])
 
 
-# Taught in notebooks/08_lenet_data_parallel.ipynb, cell 27.
+# Taught in notebooks/08_lenet_data_parallel.ipynb, cell 29.
 @checked(CHECKS['train'])
 def train(num_gpus, batch_size, lr, num_epochs=10, max_batches=None, params=None):
     """Train LeNet on Fashion-MNIST with data parallelism over `num_gpus` devices."""
