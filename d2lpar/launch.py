@@ -10,16 +10,28 @@
     result.by_rank('loss')    # {rank: 'loss' of that rank's last result}
     result.check()            # raise RuntimeError showing the output if it failed
 
-How it works. `launch` picks a free port on 127.0.0.1 and starts
-`python -m torch.distributed.run` (torchrun) in a session of its own, so a
-kernel interrupt reaches the launcher and not torchrun. Each rank runs a small
-shim that sends its stdout and stderr to a file of its own; the launcher tails
-those files and prints every line prefixed by its rank from the calling thread,
-which is what reaches a notebook cell (also under nbval, where output written
-to file descriptors by children is lost). Ranks hand results back through
-`d2lpar.distributed.emit_result`, which writes JSON files into a directory the launcher
-names in D2LPAR_RESULT_DIR. D2LPAR_DIST_TIMEOUT tells `d2lpar.distributed.default_timeout`
-to keep init_process_group's own timeout below the launch's.
+What a launch adds to the torchrun you would type, all of it in `result.commands`
+(the exact command each started process ran) and `result.env` (what it changed in the
+environment):
+- torchrun runs as `python -m torch.distributed.run`, started through
+  programs/start_agent.py, which on Linux asks for SIGTERM if the kernel dies and then
+  execs torchrun; torchrun runs in a session of its own, so a kernel interrupt reaches the
+  launcher and not torchrun;
+- each rank runs programs/rank_shim.py, copied under the script's name, with the script
+  after it: it sends the rank's stdout and stderr to a file of its own (the launcher tails
+  those files and prints every line prefixed by its rank from the calling thread, which is
+  what reaches a notebook cell), says so when SIGTERM stops the rank, starts tracebacks at
+  the script, and ends the rank with os._exit once the script and its atexit handlers are
+  done (see the shim's docstring for why);
+- the rendezvous store is hosted by the launching process on 127.0.0.1
+  (`_loopback_store`, TORCHELASTIC_USE_AGENT_STORE=True), and the one log line torch
+  writes about it in every process is left out;
+- the environment: OMP_NUM_THREADS=1, MASTER_ADDR/MASTER_PORT, GLOO_SOCKET_IFNAME and
+  NCCL_SOCKET_IFNAME set to loopback, TORCH_ELASTIC_SHUTDOWN_TIMEOUT from `grace`, and the
+  D2LPAR_* names the shim and the scripts read: where ranks write their output, results
+  (`d2lpar.distributed.emit_result`) and exit status, the launch's id, and
+  D2LPAR_DIST_TIMEOUT, which keeps init_process_group's timeout below the launch's
+  (`d2lpar.distributed.default_timeout`).
 
 Every process of a launch carries D2LPAR_LAUNCH_ID in its environment. When a
 rank crashes, the timeout fires or the caller is interrupted (KeyboardInterrupt),
@@ -127,31 +139,21 @@ def _commands(script, nproc, nnodes, args, launcher, port, work, max_restarts=0)
             for i in range(nnodes)]
 
 
-def _shell_line(argv, script, work):
-    """Return `argv` as the command a person would type (torchrun, no shim, no log dir)."""
-    try:
-        shown = os.path.relpath(script)
-    except ValueError:  # another drive on Windows
-        shown = str(script)
-    words = []
-    for i, word in enumerate(argv[1:], 1):
-        if word == '-u' or work in word:  # the shim and the log directory
-            continue
-        if word == '-m' and argv[i + 1] == 'torch.distributed.run':
-            continue
-        if word == 'torch.distributed.run' and argv[i - 1] == '-m':
-            words.append('torchrun')
-        else:
-            words.append(shown if word == str(script) else word)
-    if words and words[0] != 'torchrun':
-        words.insert(0, 'python')
-    return shlex.join(words)
+def _wrapped(argv):
+    """Return the argv a launch starts for `argv`: the agent wrapper, which becomes `argv`."""
+    return [sys.executable, str(_AGENT_WRAPPER), str(os.getpid()), *argv]
 
 
 def _popen(argv, env):
-    wrapped = [sys.executable, str(_AGENT_WRAPPER), str(os.getpid()), *argv]
-    return subprocess.Popen(wrapped, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def _changes(env, base):
+    """Return {name: value} where `env` differs from `base`; None for a removed name."""
+    changed = {k: v for k, v in env.items() if base.get(k) != v}
+    changed.update({k: None for k in base if k not in env})
+    return dict(sorted(changed.items()))
 
 
 def _shutdown(agents, launch_id, grace):
@@ -249,7 +251,7 @@ def _launch_once(script, nproc, nnodes, args, timeout, env, echo, launcher, port
     stores = []  # the launch's store, held until the launch ends
     start = time.monotonic()
     timed_out = False
-    commands = []
+    commands, started, env_changes = [], [], {}
     try:
         log_dir, result_dir = os.path.join(work, 'logs'), os.path.join(work, 'results')
         exit_dir = os.path.join(work, 'exits')
@@ -291,9 +293,11 @@ def _launch_once(script, nproc, nnodes, args, timeout, env, echo, launcher, port
             else:
                 child_env[key] = value
         commands = _commands(script, nproc, nnodes, args, launcher, port, work, max_restarts)
+        env_changes = _changes(child_env, os.environ)
         _end_orphans(lambda text: streams.add('d2lpar.launch', text))
         for name, argv in commands:
-            agent = _popen(argv, child_env)
+            started.append(_wrapped(argv))
+            agent = _popen(started[-1], child_env)
             agents.append(agent)
             reader = threading.Thread(target=streams.read_pipe, args=(name, agent.stdout),
                                       daemon=True)
@@ -331,8 +335,8 @@ def _launch_once(script, nproc, nnodes, args, timeout, env, echo, launcher, port
     codes = [agent.returncode for agent in agents]
     returncode = next((c for c in codes if c != 0), 0)
     return LaunchResult(returncode, streams.output, results, timed_out, port,
-                        [_shell_line(argv, script, work) for _, argv in commands],
-                        time.monotonic() - start, launch_id, exits)
+                        [shlex.join(argv) for argv in started],
+                        time.monotonic() - start, launch_id, exits, env_changes)
 
 
 def launch(script, nproc=2, args=(), timeout=120, env=None, echo=True, *, nnodes=1,

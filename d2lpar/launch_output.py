@@ -16,10 +16,11 @@ class LaunchResult:
     results: list
     timed_out: bool = False
     port: int = None
-    commands: list = field(default_factory=list)  # what each started process runs, as a shell line
+    commands: list = field(default_factory=list)  # the exact command of each started process
     elapsed: float = 0.0
     launch_id: str = ''
     exits: dict = field(default_factory=dict)  # {rank: {'how': 'error'|'stopped'|..., 'code', 'time'}}
+    env: dict = field(default_factory=dict)  # what the launch changed in the environment (None: unset)
 
     @property
     def first_failure(self):

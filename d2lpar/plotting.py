@@ -92,10 +92,10 @@ class Animator:
             self.X, self.Y = [[] for _ in range(n)], [[] for _ in range(n)]
         if n != len(self.Y):
             raise ValueError(f'Animator.add: this plot has {len(self.Y)} lines, got {n} values')
-        for i, (a, b) in enumerate(zip(x, y)):
-            if a is not None and b is not None:
-                self.X[i].append(a)
-                self.Y[i].append(b)
+        for xs, ys, a, b in zip(self.X, self.Y, x, y):
+            if None not in (a, b):  # None leaves this curve without a point this time
+                xs.append(a)
+                ys.append(b)
         self._redraw()
         if in_notebook():
             self._show()
@@ -106,22 +106,15 @@ class Animator:
 
     def _redraw(self):
         ax = self.axes[0]
-        ax.cla()
-        for xs, ys, fmt in zip(self.X, self.Y, self.fmts):
+        ax.clear()
+        for fmt, xs, ys in zip(self.fmts, self.X, self.Y):
             ax.plot(xs, ys, fmt)
-        ax.set_xlabel(self.xlabel)
-        ax.set_ylabel(self.ylabel)
-        ax.set_xscale(self.xscale)
-        ax.set_yscale(self.yscale)
-        if self.xlim:
-            ax.set_xlim(self.xlim)
-        if self.ylim:
-            ax.set_ylim(self.ylim)
-        if self.title:
-            ax.set_title(self.title)
+        ax.set(xlabel=self.xlabel, ylabel=self.ylabel, xscale=self.xscale, yscale=self.yscale)
+        limits = {'xlim': self.xlim, 'ylim': self.ylim, 'title': self.title}
+        ax.set(**{name: value for name, value in limits.items() if value})
         if self.legend:
             ax.legend(self.legend)
-        ax.grid()
+        ax.grid(True)
         self.fig.tight_layout()
 
     def png(self):

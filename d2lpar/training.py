@@ -23,10 +23,15 @@ TrainResult.__doc__ = 'What `train` returns: final test accuracy, seconds per ep
 
 @checked(_check_sgd)
 def sgd(params, lr, batch_size):
-    """Minibatch stochastic gradient descent."""
+    """Move each parameter against its gradient over the batch, then clear the gradient.
+
+    The gradients hold sums over `batch_size` examples: dividing by it makes each
+    step follow the mean loss, whatever the batch size.
+    """
     with torch.no_grad():
-        for param in params:
-            param -= lr * param.grad / batch_size
-            param.grad.zero_()
+        for p in params:
+            step = lr * p.grad / batch_size
+            p.sub_(step)
+            p.grad.zero_()  # the next backward adds into a clean gradient
 
 __all__ = [*_nb08, 'NUM_TRAIN_EXAMPLES', 'TrainResult', 'sgd']

@@ -5,6 +5,7 @@ the port is free again, whether the ranks succeeded, crashed, hung or were inter
 """
 import _thread
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -85,6 +86,43 @@ def test_ranks_report_output_and_results():
     assert not (Path(tempfile.gettempdir()) / f'd2lpar-launch-{suffix}').exists()
     assert f'[rank 1] {result.output[1][0]}' in result.text().splitlines()
     assert result.check() is result
+
+
+@pytest.mark.skipif(not os.path.isdir('/proc/self'), reason='reads /proc/PID/cmdline')
+def test_the_printed_command_and_environment_are_what_ran():
+    result = launch(PROBE, nproc=2, args=['--mode', 'ok'], timeout=120, echo=False,
+                    env={'D2LPAR_TEST_ADDED': 'yes'})
+    assert result.ok, result.text()
+    assert len(result.commands) == 1
+    argv = shlex.split(result.commands[0])
+    # the agent wrapper, which then becomes torchrun: torchrun's command line is the rest
+    assert argv[:3] == [sys.executable, str(ROOT / 'd2lpar' / 'programs' / 'start_agent.py'),
+                        str(os.getpid())]
+    torchrun_argv = argv[3:]
+    assert torchrun_argv[:3] == [sys.executable, '-m', 'torch.distributed.run']
+    for rank, seen in result.by_rank('cmdlines').items():
+        assert seen['parent'] == torchrun_argv  # exactly what torchrun ran as
+        # each rank: python -u, the shim under the script's name, the script, its args
+        assert seen['rank'][-4:] == torchrun_argv[-4:] == [
+            torchrun_argv[-4], str(PROBE), '--mode', 'ok']
+        assert Path(seen['rank'][-4]).name == PROBE.name != seen['rank'][-4]
+    # every variable the launch changed is named in result.env, with the value the ranks saw
+    assert result.env['D2LPAR_TEST_ADDED'] == 'yes' and result.env['OMP_NUM_THREADS'] == '1'
+    assert result.env['MASTER_PORT'] == str(result.port)
+    assert result.env['TORCHELASTIC_USE_AGENT_STORE'] == 'True'
+    for rank, environ in result.by_rank('environ').items():
+        assert {k: environ.get(k) for k in result.env} == result.env
+        # and nothing else the ranks saw differs from the kernel's, but what torchrun sets
+        others = {k for k in environ if environ[k] != os.environ.get(k)} - set(result.env)
+        assert all(k in TORCHRUN_SETS or k.startswith(('TORCHELASTIC_', 'TORCH_NCCL_'))
+                   for k in others), others
+
+
+# what torchrun itself puts in every worker's environment (torch/distributed/elastic/agent)
+TORCHRUN_SETS = {'LOCAL_RANK', 'RANK', 'GROUP_RANK', 'ROLE_RANK', 'ROLE_NAME', 'LOCAL_WORLD_SIZE',
+                 'WORLD_SIZE', 'GROUP_WORLD_SIZE', 'ROLE_WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT',
+                 'TORCH_NCCL_ASYNC_ERROR_HANDLING', 'NCCL_ASYNC_ERROR_HANDLING', 'OMP_NUM_THREADS',
+                 'PYTHONUNBUFFERED', 'CUDA_MODULE_LOADING', 'TORCHELASTIC_RUN_ID'}
 
 
 @posix_only
@@ -175,7 +213,8 @@ def test_a_stopped_rank_keeps_its_output_and_the_first_failure_is_named(crash_ra
     assert result.exits[other]['how'] == 'stopped'
     assert result.output[other][0].startswith(f'hello from rank {other} pid ')
     assert result.output[other][1] == 'waiting for the others'
-    assert result.output[other][-1].startswith('[stopped by SIGTERM')
+    assert 'stopped by SIGTERM' in result.output[other][-1]
+    assert 'rank_shim.py of d2lpar.launch' in result.output[other][-1]  # says who writes it
     with pytest.raises(RuntimeError, match=f'rank {crash_rank} failed first'):
         result.check()
 

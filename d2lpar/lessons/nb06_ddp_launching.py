@@ -12,7 +12,7 @@ from d2lpar.checks.nb06_ddp_launching import CHECKS
 __all__ = ['load_snapshot']
 
 
-# Taught in notebooks/06_ddp_launching.ipynb, cell 28.
+# Taught in notebooks/06_ddp_launching.ipynb, cell 32.
 @checked(CHECKS['load_snapshot'])
 def load_snapshot(path, net, optimizer, map_location):
     """Load the snapshot at `path` if there is one; return the epoch to start from."""

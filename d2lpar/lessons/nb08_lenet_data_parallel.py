@@ -19,15 +19,12 @@ __all__ = ['init_lenet_params', 'lenet', 'get_params', 'allreduce', 'scatter', '
 def init_lenet_params(scale=0.1, seed=None):
     """Return LeNet's eight parameters: weights drawn from N(0, scale²), biases zero."""
     g = torch.Generator().manual_seed(seed) if seed is not None else None
-    W1 = torch.randn(20, 1, 3, 3, generator=g) * scale
-    b1 = torch.zeros(20)
-    W2 = torch.randn(50, 20, 5, 5, generator=g) * scale
-    b2 = torch.zeros(50)
-    W3 = torch.randn(800, 128, generator=g) * scale
-    b3 = torch.zeros(128)
-    W4 = torch.randn(128, 10, generator=g) * scale
-    b4 = torch.zeros(10)
-    return [W1, b1, W2, b2, W3, b3, W4, b4]
+    # (weight shape, outputs): two convolutions (out, in, height, width), two dense layers (in, out)
+    layers = [((20, 1, 3, 3), 20), ((50, 20, 5, 5), 50), ((800, 128), 128), ((128, 10), 10)]
+    params = []
+    for shape, outputs in layers:
+        params += [torch.randn(shape, generator=g) * scale, torch.zeros(outputs)]
+    return params
 
 
 @checked(CHECKS['lenet'])
@@ -77,44 +74,42 @@ def split_batch(X, y, devices):
     return scatter(X, devices), scatter(y, devices)
 
 
-# Taught in notebooks/08_lenet_data_parallel.ipynb, cell 23.
+# Taught in notebooks/08_lenet_data_parallel.ipynb, cell 25.
 @checked(CHECKS['train_batch'])
 def train_batch(X, y, device_params, devices, lr):
     """Train on one minibatch split across `devices`: backward per device, allreduce, SGD."""
     X_shards, y_shards = split_batch(X, y, devices)
-    # Each device sums the losses of its share of the batch
-    ls = [F.cross_entropy(lenet(X_shard, params), y_shard, reduction='sum')
-          for X_shard, y_shard, params in zip(X_shards, y_shards, device_params)]
-    for l in ls:  # backward on each device
-        l.backward()
-    for i in range(len(device_params[0])):  # sum each gradient over the devices
-        allreduce([params[i].grad for params in device_params])
+    # every forward before any backward: a shard that fails leaves no gradient behind
+    losses = [F.cross_entropy(lenet(Xs, params), ys, reduction='sum')  # sums add up, means do not
+              for Xs, ys, params in zip(X_shards, y_shards, device_params)]
+    for loss in losses:
+        loss.backward()
+    for copies in zip(*device_params):  # tensor i of every replica
+        allreduce([p.grad for p in copies])
     for params in device_params:  # the same update everywhere: divide by the global batch size
         d2lpar.sgd(params, lr, X.shape[0])
 
 
-# Taught in notebooks/08_lenet_data_parallel.ipynb, cell 27.
+# Taught in notebooks/08_lenet_data_parallel.ipynb, cell 29.
 @checked(CHECKS['train'])
 def train(num_gpus, batch_size, lr, num_epochs=10, max_batches=None, params=None):
     """Train LeNet on Fashion-MNIST with data parallelism over `num_gpus` devices."""
-    train_iter, test_iter = d2lpar.load_data_fashion_mnist(batch_size)
     devices = d2lpar.device_slots(num_gpus)
-    if params is None:
-        params = init_lenet_params()
-    # Copy the model parameters to every device
-    device_params = [get_params(params, d) for d in devices]
-    animator = d2lpar.Animator('epoch', 'test acc', xlim=[1, num_epochs],
-                               title=f'{num_gpus} device slot(s)')
+    start = init_lenet_params() if params is None else params
+    replicas = [get_params(start, d) for d in devices]  # one independent copy per slot
+    train_iter, test_iter = d2lpar.load_data_fashion_mnist(batch_size)
+    plot = d2lpar.Animator('epoch', 'test accuracy', xlim=[1, num_epochs],
+                           title=f'{num_gpus} device slot(s)')
     timer = d2lpar.Timer()
-    for epoch in range(num_epochs):
+    for epoch in range(1, num_epochs + 1):
         timer.start()
-        for X, y in itertools.islice(train_iter, max_batches):  # None: the whole epoch
-            train_batch(X, y, device_params, devices, lr)
-        timer.stop()  # waits for the GPUs, so the time is the work's, not its launch's
-        # The replicas are identical: evaluating the one on devices[0] is enough
-        test_acc = d2lpar.evaluate_accuracy_gpu(lambda X: lenet(X, device_params[0]),
-                                                test_iter, devices[0])
-        animator.add(epoch + 1, (test_acc,))
-    print(f'{num_epochs} epochs on {[str(d) for d in devices]}: {test_acc:.1%} of the test '
-          f'images right; training took {timer.avg():.2f} s per epoch')
-    return d2lpar.TrainResult(test_acc, timer.avg(), devices, device_params)
+        for X, y in itertools.islice(train_iter, max_batches):  # max_batches=None: all of them
+            train_batch(X, y, replicas, devices, lr)
+        timer.stop()  # waits for queued GPU work, so the time is the work's, not its launch's
+        # the replicas hold the same numbers: the first one speaks for all of them
+        accuracy = d2lpar.evaluate_accuracy_gpu(lambda X: lenet(X, replicas[0]), test_iter,
+                                                devices[0])
+        plot.add(epoch, accuracy)
+    print(f'{num_epochs} epochs on {[str(d) for d in devices]}: test accuracy {accuracy:.1%}, '
+          f'{timer.avg():.2f} s of training per epoch')
+    return d2lpar.TrainResult(accuracy, timer.avg(), devices, replicas)

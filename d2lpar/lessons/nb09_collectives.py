@@ -97,6 +97,7 @@ def ring_all_gather(blocks):
     return blocks
 
 
+# Taught in notebooks/09_collectives.ipynb, cell 13.
 @checked(CHECKS['all_gather'])
 def all_gather(tensor_list, tensor):
     """Fill `tensor_list[r]` with `tensor` of rank r, on every rank, around a ring."""
@@ -123,7 +124,7 @@ def ring_allreduce(tensor, op=dist.ReduceOp.SUM):
     return tensor
 
 
-# Taught in notebooks/09_collectives.ipynb, cell 17.
+# Taught in notebooks/09_collectives.ipynb, cell 18.
 @checked(CHECKS['allreduce_cost'])
 def allreduce_cost(algorithm, n, size, bandwidth, latency=0.0):
     """Return the model's seconds for an allreduce of `size` bytes on `n` ranks."""
@@ -141,7 +142,7 @@ def bandwidths(size, seconds, n):
     return algbw, algbw * 2 * (n - 1) / n
 
 
-# Taught in notebooks/09_collectives.ipynb, cell 27.
+# Taught in notebooks/09_collectives.ipynb, cell 26.
 class HookDDP(nn.Module):
     """Wrap `module` so that backward averages each gradient across ranks as soon as it is ready."""
 
@@ -168,7 +169,7 @@ class HookDDP(nn.Module):
         """Nothing to wait for: every gradient was averaged in its hook."""
 
 
-# Taught in notebooks/09_collectives.ipynb, cell 29.
+# Taught in notebooks/09_collectives.ipynb, cell 28.
 class MLP(nn.Module):
     """A 784-512-512-10 MLP whose output layer is registered first but used last."""
 
@@ -196,6 +197,7 @@ def make_buckets(params, bucket_cap_mb):
     return buckets
 
 
+# Taught in notebooks/09_collectives.ipynb, cell 29.
 class BucketDDP(HookDDP):
     """HookDDP that averages the gradients in buckets of about `bucket_cap_mb` MB."""
 

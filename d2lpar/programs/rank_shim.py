@@ -2,11 +2,12 @@
 
 Send this process's output to a file of its own, then run the script
 as `python script args` would (legacy `--local-rank=N` goes right after the script name).
-Once the script and its atexit handlers are done, the rank ends with os._exit: with
-torch 2.14, DDP keeps its gloo process group alive after destroy_process_group, and a gloo
-thread still releasing a collective's tensors while Python shuts down aborts the rank
+Once the script and its atexit handlers are done, the rank ends with os._exit: a gloo
+thread still releasing a collective's tensors while Python shuts down can abort the rank
 ("terminate called without an active exception": about one short DDP run in ten on a busy
-2-core machine). Processes a rank starts itself (mp.spawn) need d2lpar.distributed.exit_now.
+2-core machine; pytorch/pytorch#190489 narrows it to torch's interpreter hooks and the
+autograd engine stopping during interpreter finalisation). Processes a rank starts itself
+(mp.spawn) need d2lpar.distributed.exit_now.
 Before leaving, C stdio is flushed too: into a file it is fully buffered, and os._exit would
 drop what C code (NCCL_DEBUG=INFO) printed. When one rank fails, torchrun stops the others
 with SIGTERM, possibly before they report their own error: a stopped rank says so in its
@@ -60,8 +61,8 @@ def record_exit(how, code):  # how this rank ended, and when: LaunchResult.exits
 
 
 def stopped(signum, frame):  # torchrun stops the other ranks with SIGTERM once one fails
-    os.write(2, b'[stopped by SIGTERM: torchrun ends every rank once one has failed, '
-                b'or the launch was ended]\n')
+    os.write(2, b'[rank_shim.py of d2lpar.launch: stopped by SIGTERM; torchrun sends it to every '
+                b'rank once one has failed, or the launch was ended]\n')
     record_exit('stopped', 128 + signum)
     flush_all()
     os._exit(128 + signum)

@@ -24,6 +24,8 @@ def main():
                         help='this rank never joins (to watch the others time out)')
     parser.add_argument('--backend', choices=BACKENDS, default=None,
                         help='default: nccl when every process has a GPU of its own, else gloo')
+    parser.add_argument('--timeout', type=float, default=None,
+                        help='seconds to wait for the others, at start-up and in every collective')
     args = parser.parse_args()
     env = dist_env()
     if env.rank == args.absent_rank:
@@ -33,7 +35,7 @@ def main():
     # Bind this process to its device first (device_id too): NCCL then sets up on this GPU.
     device = rank_device(backend, env.local_rank)
     dist.init_process_group(backend, init_method='env://', rank=env.rank,
-                            world_size=env.world_size, timeout=default_timeout(),
+                            world_size=env.world_size, timeout=default_timeout(args.timeout),
                             device_id=device if device.type == 'cuda' else None)
     x = torch.tensor([env.rank + 1.0], device=device)
     dist.all_reduce(x)  # every rank ends with 1 + 2 + ... + world_size

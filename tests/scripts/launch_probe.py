@@ -19,8 +19,16 @@ rank = int(os.environ.get('RANK', 0))
 print(f'hello from rank {rank} pid {os.getpid()} argv {sys.argv[1:]}', flush=True)
 if args.mode == 'ok':
     from d2lpar.distributed import emit_result
+    cmdlines = {}  # this rank's command line and its parent's (torchrun), where /proc has them
+    for who, pid in (('rank', os.getpid()), ('parent', os.getppid())):
+        try:
+            with open(f'/proc/{pid}/cmdline', 'rb') as f:
+                cmdlines[who] = [w.decode() for w in f.read().split(b'\0')[:-1]]
+        except OSError:
+            pass
     emit_result(pid=os.getpid(), argv=sys.argv[1:], local_rank_env=os.environ.get('LOCAL_RANK'),
-                world_size=int(os.environ.get('WORLD_SIZE', 1)))
+                world_size=int(os.environ.get('WORLD_SIZE', 1)), cmdlines=cmdlines,
+                environ=dict(os.environ))
 elif args.mode == 'crash':
     if rank == args.crash_rank:
         time.sleep(0.5)

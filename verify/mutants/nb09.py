@@ -36,4 +36,26 @@ MUTANTS = [
            old='sent = [(r, (r - step - 1) % n, set(held[r][(r - step - 1) % n])) for r in range(n)]',
            new='sent = [(r, (r - step) % n, set(held[r][(r - step) % n])) for r in range(n)]',
            catch='assert complete == [[r] for r in range(n)]'),
+    Mutant('send-recv-ordered-by-rank', NB, 'two ranks that both send first deadlock',
+           'notebooks/scripts/collectives_p2p.py',
+           old='            dist.send(torch.ones(1), other, group=pair)\n'
+               '            dist.recv(torch.empty(1), other, group=pair)\n',
+           new='            if rank == 0:\n'
+               '                dist.send(torch.ones(1), other, group=pair)\n'
+               '                dist.recv(torch.empty(1), other, group=pair)\n'
+               '            else:\n'
+               '                dist.recv(torch.empty(1), other, group=pair)\n'
+               '                dist.send(torch.ones(1), other, group=pair)\n',
+           catch="assert report[r]['deadlock']['seconds'] > 1.5"),
+    Mutant('mlp-registered-in-forward-order', NB, 'DDP rebuilds its buckets from the arrival order',
+           FILE, old='        self.output = nn.Linear(512, 10)\n        self.hidden = nn.Sequential(nn.Flatten(), '
+                     'nn.Linear(784, 512), nn.ReLU(),\n                                    '
+                     'nn.Linear(512, 512), nn.ReLU())\n',
+           new='        self.hidden = nn.Sequential(nn.Flatten(), nn.Linear(784, 512), nn.ReLU(),\n'
+               '                                    nn.Linear(512, 512), nn.ReLU())\n'
+               '        self.output = nn.Linear(512, 10)\n',
+           catch='assert order != list(range(len(registered)))[::-1]'),
+    Mutant('miniddp-does-not-wait', NB, 'MiniDDP waits for its all_reduces before the step', FILE,
+           old='            work.wait()\n', new='',
+           catch="assert mini[0]['allreduce_calls'][f'MiniDDP {cap:g} MB'] == len(layouts[cap])"),
 ]
