@@ -22,7 +22,7 @@ from .parallel import allreduce, get_params, scatter, split_batch
 from .pipeline import (ModelParallel, StageLinks, bubble_fraction, gpipe_stage, gpipe_step, idle_fraction,
                        memory_footprint, pipeline_schedule, plot_schedule, schedule_problems)
 from .plotting import Animator
-from .saving import save_cells
+from .saving import save_cells, write_next
 from .timing import Accumulator, Timer
 from .training import TrainResult, sgd, train, train_batch
 from .visibility import (choose_gpu, misspelled_cuda_vars, parse_visible_devices, run_with_mask,

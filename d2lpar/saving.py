@@ -17,7 +17,7 @@ import os
 import tempfile
 from pathlib import Path
 
-__all__ = ['save_cells', 'saved_source', 'used_imports']
+__all__ = ['apply_diff', 'save_cells', 'saved_source', 'used_imports', 'write_next']
 
 MARK = '#@save'
 
@@ -148,3 +148,57 @@ def save_cells(path):
     events.register('post_run_cell', write)
     write()
     return path
+
+
+def apply_diff(text, diff):
+    """Return `text` changed by the unified diff `diff` (hunks only, as `diff -u` prints them).
+
+    Each hunk starts with a header `@@ -start,count +start,count @@`; its lines start with
+    ' ' (kept), '-' (removed) or '+' (added). A hunk applies only where its kept and removed
+    lines match the text exactly, at the line its header names, as `git apply` demands.
+    """
+    old, new, at = text.splitlines(), [], 0
+    hunks = []
+    for line in diff.strip('\n').splitlines():
+        if line.startswith('@@'):
+            head = line.split('@@')[1].split() if line.count('@@') >= 2 else []
+            if len(head) != 2 or not head[0].startswith('-') or not head[1].startswith('+'):
+                raise ValueError(f'apply_diff: a hunk header reads "@@ -12,3 +12,5 @@", got {line!r}')
+            start = int(head[0][1:].split(',')[0])
+            hunks.append((start, line, []))
+        elif not hunks:
+            if line.startswith(('---', '+++')) or not line.strip():
+                continue  # file names of a full diff
+            raise ValueError(f'apply_diff: the diff must start with a hunk header "@@ -a,b +c,d @@", '
+                             f'got {line!r}')
+        elif line[:1] in (' ', '-', '+') or line == '':
+            hunks[-1][2].append(line if line else ' ')
+        else:
+            raise ValueError(f"apply_diff: a hunk's lines start with ' ', '-' or '+', got {line!r}")
+    if not hunks:
+        raise ValueError('apply_diff: the diff holds no hunk')
+    for start, header, lines in hunks:
+        want = [line[1:] for line in lines if line[0] in ' -']
+        begin = max(start - 1, 0) if want else start  # "-12,0": insert after line 12
+        if begin < at:
+            raise ValueError(f'apply_diff: hunks must come in the order of the file: {header}')
+        if old[begin:begin + len(want)] != want:
+            found = old[begin:begin + len(want)]
+            raise ValueError(f'apply_diff: hunk {header} does not match the file at line {start}: '
+                             f'expected {want[:3]}..., the file has {found[:3]}...')
+        new += old[at:begin] + [line[1:] for line in lines if line[0] in ' +']
+        at = begin + len(want)
+    return ''.join(line + '\n' for line in new + old[at:])
+
+
+def write_next(old, new, diff):
+    """Write script `new`: script `old` changed by the unified diff `diff`; print what changed."""
+    old, new = Path(old), Path(new)
+    if not old.is_file():
+        raise ValueError(f'write_next: {str(old)!r} does not exist; run the cell that writes it '
+                         'first')
+    text = apply_diff(old.read_text(encoding='utf-8'), diff)
+    write_whole(new, text)
+    marks = [line[:1] for line in diff.splitlines() if not line.startswith(('---', '+++', '@@'))]
+    print(f'Writing {new.name}: {old.name} with {marks.count("+")} lines added, '
+          f'{marks.count("-")} removed ({len(text.splitlines())} lines)')

@@ -343,7 +343,7 @@ def test_every_gpu_row_checks_numbers_and_the_quick_rows_fit_one_gpu_in_8_minute
     assert sum(row.estimate for row in quick) < 8 * 60  # estimates, stated as such
     covered = ' '.join(row.name for row in quick)
     for part in ('ddp', 'SyncBatchNorm', 'inductor', 'profiler', 'mini-DDP', 'context_parallel',
-                 'train_zero', 'train_fsdp2', 'tp_block', 'tp_dtensor', '01_single_device',
+                 'measure_zero', 'fsdp_save', 'tp_block', 'tp_dtensor', '01_single_device',
                  '08_lenet'):
         assert part in covered, part
     assert 'nccl' in ' '.join(str(a) for row in quick for a in row.argv)
@@ -495,12 +495,18 @@ def test_the_other_row_checks_catch_wrong_numbers():
     _fails(gpucheck._check_flight_recorder, [], 'stuck', 'rank 0: all_reduce completed')
     gpucheck._check_pytest_ran([], '3 passed in 4.1s')
     _fails(gpucheck._check_pytest_ran, [], 'no test ran', '5 skipped in 0.1s')
-    zero = {0: dict(max_diff={'RingDDP': 1e-7, 'Zero1': 1e-7, 'Zero2': 1e-7, 'Zero3': 1e-7},
-                    grad_diff={'Zero2': 1e-7})}
-    gpucheck._check_train_zero(zero, [])
-    zero[0]['grad_diff']['Zero2'] = 0.5  # a gradient shard summed, not averaged
-    _fails(gpucheck._check_train_zero, zero, 'differs from one process', [])
-    fsdp = {0: dict(max_diff={'fsdp2': 1e-7}, avg_vs_sum=0)}
-    gpucheck._check_train_fsdp2(fsdp, [])
-    fsdp[0]['avg_vs_sum'] = 1e-3  # the reduce op's AVG off from SUM / n
-    _fails(gpucheck._check_train_fsdp2, fsdp, 'AVG vs SUM', [])
+    P = 24960
+    zero = {k: dict(num_params=P, sent={'DDP': P * 4, 'ZeRO-1': P * 4, 'ZeRO-2': P * 4,
+                                         'ZeRO-3': P * 6},
+                    peak={'DDP': 400, 'ZeRO-1': 300, 'ZeRO-2': 200, 'ZeRO-3': 100}) for k in range(2)}
+    gpucheck._check_measure_zero(zero, [])
+    zero[1]['sent']['ZeRO-3'] = P * 4  # a layer not gathered again for backward
+    _fails(gpucheck._check_measure_zero, zero, 'ZeRO-3 sent', [])
+    zero[1]['sent']['ZeRO-3'] = P * 6
+    zero[0]['peak']['ZeRO-2'] = 300  # full gradients kept: ZeRO-1's peak
+    _fails(gpucheck._check_measure_zero, zero, 'do not fall', [])
+    timelines = {'False': [], 'True': []}
+    gpucheck._check_fsdp_save({0: dict(prefetch=timelines)}, ['prefetch', 'save'])
+    gpucheck._check_fsdp_save({0: {}}, ['save'])
+    _fails(gpucheck._check_fsdp_save, {0: {}}, 'no prefetch', ['prefetch', 'save'])
+    _fails(gpucheck._check_fsdp_save, {}, 'no rank', ['save'])

@@ -39,14 +39,12 @@ class Zero1:
     @checked(CHECKS['Zero1.__init__'])
     def __init__(self, params, optimizer_class, **defaults):
         self.n, self.rank = dist.get_world_size(), dist.get_rank()
-        # dict.fromkeys: a tied parameter once, in order; frozen ones stay whole everywhere
         self.params = [p for p in dict.fromkeys(params) if p.requires_grad]
-        self.flats, self.shards = {}, {}
+        self.flats, self.shards, self.reduced = {}, {}, set()  # reduced: ids of ready shards
         for p in self.params:
             dist.broadcast(p.detach(), 0)  # the replicas start equal, as in DDP
             self.shards[p] = self.shard_param(p)
         self.optimizer = optimizer_class(list(self.shards.values()), **defaults)
-        self.reduced = set()  # ids of parameters whose gradient shard is ready
 
     def shard_param(self, p):
         """Move `p` into a padded flat buffer; return this rank's row of it (a view)."""
@@ -69,20 +67,17 @@ class Zero1:
     @checked(CHECKS['Zero1.step'])
     def step(self):
         """Reduce-scatter the gradients, update this rank's shards, all-gather the parameters."""
-        for p in self.params:
-            if id(p) not in self.reduced:
-                self.reduce_bucket([p])
+        for p in [p for p in self.params if id(p) not in self.reduced]:
+            self.reduce_bucket([p])  # what backward's hooks have not reduced yet
         self.optimizer.step()
         self.gather_params()
         self.reduced = set()
 
     def gather_params(self):
-        """All-gather every parameter from the shards the ranks just updated."""
         for p in self.params:
             ring_all_gather(list(self.flats[p]))
 
     def zero_grad(self):
-        """Forget the gradients of the last step."""
         for p in self.params:
             p.grad = self.shards[p].grad = None
 
