@@ -17,7 +17,7 @@ nbval, `-x`, the copy's conftest and PYTHONPATH). Verdicts:
   BROKEN           the mutant no longer applies, or pytest itself could not run it
   CONTROL-FAILED   (--control) the unmutated notebook fails at that cell too, so the failure proves nothing
 
-The exercise checkers' wrong-answer tests (tests/test_exercises.py, every test
+The exercise checkers' wrong-answer tests (tests/exercises/, every test
 whose name says `wrong`) are rows of the same table: each is a planted wrong
 answer that its checker must reject with its hint, so a passing test reads
 CAUGHT and a failing one SURVIVED. They run in one pytest call (not with --quick:
@@ -282,6 +282,8 @@ def tail(out, n=300):
 
 # ---------------------------------------------------------------- exercises
 
+EXERCISE_TESTS = 'tests/exercises'  # one test file per checker module; reference.py holds CHECKS
+
 def exercise_rows(root=ROOT, only=None, scratch=None):
     """Run the exercise checkers' wrong-answer tests once; return one Row per planted wrong answer."""
     start = time.monotonic()
@@ -289,9 +291,9 @@ def exercise_rows(root=ROOT, only=None, scratch=None):
     copy = base / 'repo'
     try:
         copy_repo(root, copy)
-        if not (copy / 'tests' / 'test_exercises.py').is_file():
+        if not (copy / EXERCISE_TESTS).is_dir():
             return []
-        code, cases, out = pytest(copy, ['tests/test_exercises.py', '-k', 'wrong', '-p',
+        code, cases, out = pytest(copy, [EXERCISE_TESTS, '-k', 'wrong', '-p',
                                          'no:randomly'], f'exercises-{os.getpid()}', timeout=900,
                                     first_failure_stops=False)
         chapters = exercise_chapters(copy)
@@ -316,14 +318,14 @@ def exercise_rows(root=ROOT, only=None, scratch=None):
         rows.append(Row(chapter, f'exercise: {checker} rejects it', answer, verdict, check,
                         seconds * len(results)))
     if code not in (0, 1) and not rows:
-        rows.append(Row('exercises', 'exercise checkers', 'tests/test_exercises.py', 'BROKEN',
+        rows.append(Row('exercises', 'exercise checkers', EXERCISE_TESTS, 'BROKEN',
                         tail(out), time.monotonic() - start))
     return rows
 
 
 def exercise_chapters(copy):
-    """Return {checker name: notebook} from tests/test_exercises.py's CHECKS, read without importing."""
-    text = (copy / 'tests' / 'test_exercises.py').read_text()
+    """Return {checker name: notebook} from the exercise tests' CHECKS, read without importing."""
+    text = (copy / EXERCISE_TESTS / 'reference.py').read_text()
     return dict(re.findall(r"exercises\.(check_\w+):\s*\('(\w+)'", text))
 
 
