@@ -1,6 +1,7 @@
 """A DDP step's profile read and drawn (notebook 7): when gradients were ready, when allreduces ran."""
-import os
-import tempfile
+from pathlib import Path
+
+from ..saving import replace_whole
 
 __all__ = ['profile_intervals', 'overlap_report', 'plot_comm_timeline']
 
@@ -84,14 +85,5 @@ def plot_comm_timeline(intervals, path=None, title='one DDP step, rank 0'):
     ax.invert_yaxis()
     fig.tight_layout()
     if path is not None:  # written whole or not at all: a reader never sees half a picture
-        path = os.fspath(path)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)),
-                                   suffix=os.path.splitext(path)[1] or '.png')
-        os.close(fd)
-        try:
-            fig.savefig(tmp, dpi=100)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        replace_whole(path, lambda tmp: fig.savefig(tmp, format=Path(path).suffix[1:] or 'png', dpi=100))
     return fig
