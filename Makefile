@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.d2lpar-installed
 
-.PHONY: lab test test-floor lib lint normalize html bench stress mutants mutants-quick labcheck gpucheck info clean
+.PHONY: lab test test-floor lib lint format normalize html bench stress mutants mutants-quick labcheck gpucheck info clean
 
 # Empty: the newest torch the registry serves, as a learner's `pip install` gets it.
 TORCH ?=
@@ -36,8 +36,12 @@ lib:  ## regenerate d2lpar/lessons from the notebooks' #@save cells (after editi
 normalize:  ## strip outputs, keep every cell id (new cells get stable ones): run before committing a notebook
 	$(PYTHON) d2lpar/tools/notebooks.py
 
-lint: $(STAMP)  ## ruff check (rules in pyproject.toml)
+lint: $(STAMP)  ## ruff check and ruff format --check (rules in pyproject.toml)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)  ## format the code with ruff format (not the notebooks, not the generated lessons)
+	$(BIN)/ruff format .
 
 html: $(STAMP)  ## execute every notebook and render the course into build/html
 	$(BIN)/python -m d2lpar html $(HTML_FLAGS)

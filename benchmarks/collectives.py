@@ -9,15 +9,15 @@ more at every world size, and faster than the naive allreduce at world sizes 3
 and 4 for large messages (8 MB and more).
 """
 import argparse
-import json
 from pathlib import Path
 
 import d2lpar
 from d2lpar import collectives
 
+from ._results import save
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / 'notebooks' / 'scripts' / 'collectives_timing.py'
-RESULTS = ROOT / 'bench-results'
 METHODS = ['naive', 'ring', 'built-in']
 MB = 2**20
 
@@ -48,7 +48,7 @@ def goals(timings, sizes):
     return lines
 
 
-def plot(timings, path):
+def plot(timings):
     from matplotlib.figure import Figure
     fig = Figure(figsize=(4.2 * len(timings), 3.4))
     for i, (n, table) in enumerate(timings.items()):
@@ -61,7 +61,7 @@ def plot(timings, path):
         ax.grid(True, which='both', alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    return fig
 
 
 def main(quick=False):
@@ -83,14 +83,10 @@ def main(quick=False):
     lines = goals(timings, sizes)
     for text, ratio, met in lines:
         print(f'  {text}: {ratio:.2f}x -> {"met" if met else "NOT met"}')
-    RESULTS.mkdir(exist_ok=True)
     records = [{'world_size': n, 'method': m, 'bytes': S, 'seconds': t}
                for n, table in timings.items() for (m, S), t in table.items()]
-    (RESULTS / 'collectives.json').write_text(json.dumps(
-        {'hardware': d2lpar.hardware_tier(), 'repeats': repeats, 'timings': records,
-         'goals': [{'goal': g, 'ratio': r, 'met': m} for g, r, m in lines]}, indent=1))
-    plot(timings, RESULTS / 'collectives.png')
-    print(f'saved {RESULTS / "collectives.json"} and {RESULTS / "collectives.png"}')
+    save('collectives', {'hardware': d2lpar.hardware_tier(), 'repeats': repeats, 'timings': records,
+                         'goals': [{'goal': g, 'ratio': r, 'met': m} for g, r, m in lines]}, plot(timings))
     return {'timings': records, 'goals': lines}
 
 

@@ -18,7 +18,6 @@ time within 1.3x of DDP's.
 """
 import argparse
 import importlib.util
-import json
 import math
 import os
 import tempfile
@@ -30,10 +29,12 @@ from torch import nn
 from torch.nn import functional as F
 
 import d2lpar
+from d2lpar.saving import replace_whole
+
+from ._results import save
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / 'notebooks' / 'scripts' / 'collectives_miniddp.py'
-RESULTS = ROOT / 'bench-results'
 
 
 def lenet_module(params):
@@ -142,7 +143,8 @@ def main(quick=False, batch_size=256, lr=0.2):
 
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, 'batches.pt')
-        torch.save((torch.cat([X for X, _ in batches]), torch.cat([y for _, y in batches])), data)
+        batch = (torch.cat([X for X, _ in batches]), torch.cat([y for _, y in batches]))
+        replace_whole(data, lambda tmp: torch.save(batch, tmp))  # the ranks read it whole
         run = d2lpar.launch(SCRIPT, nproc=k, timeout=900, args=[
             '--model', 'lenet', '--data', data, '--batch-size', batch_size, '--lr', lr,
             '--time-steps', steps, '--repeats', repeats, '--buckets', 25]).check()
@@ -172,18 +174,14 @@ def main(quick=False, batch_size=256, lr=0.2):
     print(f'goal: MiniDDP step time / DDP step time = {ratio:.2f}x (goal <= 1.3x) -> '
           f'{"met" if met else "NOT met"}')
 
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / 'methods.json').write_text(json.dumps(
-        {'hardware': d2lpar.hardware_tier(), 'cpu_cores': os.cpu_count(),
-         'torch': torch.__version__, 'data': data_source(),
-         'batch_size': batch_size, 'steps': steps, 'repeats': repeats, 'table': table,
-         'goal': {'miniddp_over_ddp': ratio, 'met': met}}, indent=1))
-    plot(table, RESULTS / 'methods.png')
-    print(f'saved {RESULTS / "methods.json"} and {RESULTS / "methods.png"}')
+    save('methods', {'hardware': d2lpar.hardware_tier(), 'cpu_cores': os.cpu_count(),
+                     'torch': torch.__version__, 'data': data_source(),
+                     'batch_size': batch_size, 'steps': steps, 'repeats': repeats, 'table': table,
+                     'goal': {'miniddp_over_ddp': ratio, 'met': met}}, plot(table))
     return {'table': table, 'miniddp_over_ddp': ratio}
 
 
-def plot(table, path):
+def plot(table):
     from matplotlib.figure import Figure
     fig = Figure(figsize=(6.5, 0.5 + 0.45 * len(table)))
     ax = fig.add_subplot()
@@ -191,7 +189,7 @@ def plot(table, path):
     ax.barh(labels, [row['samples_per_second'] for row in table][::-1])
     ax.set(xlabel='samples per second (LeNet training)', title=d2lpar.hardware_tier())
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    return fig
 
 
 if __name__ == '__main__':

@@ -8,21 +8,21 @@ Goals: each ZeRO stage's peak below the one before (DDP > ZeRO-1 > ZeRO-2 > ZeRO
 FSDP2's peak within 5 layers of the ZeRO-3 formula; hand ZeRO-3's step time at most
 1.5x FSDP2's.
 """
-import json
 from pathlib import Path
 
 import d2lpar
 from d2lpar.zero import model_state_bytes
 
+from ._results import save
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / 'notebooks' / 'scripts' / 'sharding_bench.py'
-RESULTS = ROOT / 'bench-results'
 METHODS = ['torch DDP', 'hand DDP', 'ZeRO-1', 'ZeRO-2', 'ZeRO-3', 'FSDP2']
 STAGE = {'torch DDP': 'ddp', 'hand DDP': 'ddp', 'ZeRO-1': 'zero1', 'ZeRO-2': 'zero2',
          'ZeRO-3': 'zero3', 'FSDP2': 'zero3'}
 
 
-def plot(runs, path):
+def plot(runs):
     from matplotlib.figure import Figure
     fig = Figure(figsize=(11, 3.4))
     for i, key in enumerate(('seconds', 'peak')):
@@ -35,7 +35,7 @@ def plot(runs, path):
                title='step time' if key == 'seconds' else 'peak memory over a step')
         ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    return fig
 
 
 def main(quick=False):
@@ -72,10 +72,6 @@ def main(quick=False):
     print('goals:')
     for text, ratio, met in goals:
         print(f'  {text}: {ratio:.2f} -> {"met" if met else "NOT met"}')
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / 'sharding.json').write_text(json.dumps(
-        {'width': width, 'runs': {str(n): r for n, r in runs.items()},
-         'goals': [{'goal': g, 'ratio': r, 'met': m} for g, r, m in goals]}, indent=1))
-    plot(runs, RESULTS / 'sharding.png')
-    print(f'saved {RESULTS / "sharding.json"} and {RESULTS / "sharding.png"}')
+    save('sharding', {'width': width, 'runs': {str(n): r for n, r in runs.items()},
+                      'goals': [{'goal': g, 'ratio': r, 'met': m} for g, r, m in goals]}, plot(runs))
     return {'runs': runs, 'goals': goals}

@@ -2,10 +2,11 @@
 
 d2lpar/lessons    what the notebooks teach, generated from their `#@save` cells (`make lib`)
 d2lpar/checks     the argument checks applied to the lessons' functions
+d2lpar/helpers    what a notebook uses but does not teach (d2l's accuracy and sgd, plot_schedule, ...)
 d2lpar/exercises  the checkers of each notebook's exercises
 d2lpar/*.py       the d2l-style helpers (devices, timing, plotting, data), the course's tooling
                   (launch, processes, saving, info, render, memory, distributed) and, under each
-                  chapter's old name (collectives, zero, ...), what notebooks and scripts import
+                  chapter's old name (collectives, zero, ...), its lesson and helpers re-exported
 """
 from .data import (TensorLoader, data_root, fashion_mnist_source, get_fashion_mnist_labels,
                    load_data_fashion_mnist, offline)
@@ -17,10 +18,10 @@ from .info import show_setup
 from .launch import (LaunchResult, end_processes, free_port, launch, launched_processes, loopback_interface,
                      port_is_free)
 from .miniddp import BucketDDP, HookDDP, MiniDDP
+from .model_parallel import (ModelParallel, StageLinks, bubble_fraction, gpipe_stage, gpipe_step, idle_fraction,
+                             memory_footprint, pipeline_schedule, plot_schedule, schedule_problems)
 from .models import Residual, accuracy, evaluate_accuracy_gpu, init_lenet_params, lenet
 from .parallel import allreduce, get_params, scatter, split_batch
-from .pipeline import (ModelParallel, StageLinks, bubble_fraction, gpipe_stage, gpipe_step, idle_fraction,
-                       memory_footprint, pipeline_schedule, plot_schedule, schedule_problems)
 from .plotting import Animator
 from .saving import save_cells, write_next
 from .timing import Accumulator, Timer

@@ -15,7 +15,6 @@ import logging
 import os
 import re
 import sys
-import tempfile
 import threading
 import time
 import warnings
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from .devices import num_gpus
+from .saving import write_whole
 
 __all__ = ['DistEnv', 'dist_env', 'expand_nodelist', 'torch_env_from_slurm',
            'pick_backend', 'rank_device', 'default_timeout', 'emit_result', 'exit_now',
@@ -277,10 +277,7 @@ def emit_result(obj=None, **fields):
               flush=True)
         return record
     name = f'{record["rank"]}-{time.time_ns()}-{os.getpid()}.json'
-    fd, tmp = tempfile.mkstemp(dir=directory, suffix='.part')
-    with os.fdopen(fd, 'w') as f:
-        f.write(text)
-    os.replace(tmp, os.path.join(directory, name))
+    write_whole(os.path.join(directory, name), text)  # the launcher reads every *.json it finds
     return record
 
 

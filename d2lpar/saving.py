@@ -94,11 +94,25 @@ def saved_source(cells, module=None):
 
 def write_whole(path, text):
     """Replace `path` with `text` atomically: a reader never sees half a file."""
+    def write(tmp):
+        with open(tmp, 'w', encoding='utf-8') as f:
+            f.write(text)
+    replace_whole(path, write)
+
+
+def replace_whole(path, write):
+    """Call `write(tmp)` on a new file beside `path`, then put it in `path`'s place atomically.
+
+    A reader sees the old file or the whole new one, never half of one. If `write` raises
+    (a full disk, an interrupt), `path` stays as it was and the temporary file is removed.
+    For writers that take a file name: torch.save, Figure.savefig (tell it the format: the
+    temporary name ends in .tmp, which readers that look for *.json or *.pt skip).
+    """
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
+    os.close(fd)
     try:
-        with os.fdopen(fd, 'w', encoding='utf-8') as f:
-            f.write(text)
+        write(tmp)
         os.chmod(tmp, 0o644)  # mkstemp makes it private; the file is as readable as any other
         os.replace(tmp, path)
     except BaseException:

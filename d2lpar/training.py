@@ -1,37 +1,15 @@
 """Data parallelism from scratch: train LeNet on several device slots with a hand-written allreduce.
 
-The name notebooks and scripts import. What the notebook teaches is generated into
-d2lpar/lessons/nb08_lenet_data_parallel.py (edit the notebook's `#@save` cell, then `make lib`), its
-argument checks live in d2lpar/checks/; what follows are helpers the notebook uses but does not
-teach.
+Notebook 8's lesson under the name notebooks and scripts import: d2lpar/lessons/nb08_lenet_data_parallel.py,
+generated from the notebook's `#@save` cells (edit the cell, then `make lib`); its argument checks
+are in d2lpar/checks/nb08_lenet_data_parallel.py.
+It also re-exports what the notebook uses but does not teach, from d2lpar/helpers/.
+d2lpar.models and d2lpar.parallel are this lesson's other old names.
 """
-import collections
-
-import torch
-
-from .checks import checked
-from .checks.nb08_lenet_data_parallel import NUM_TRAIN_EXAMPLES, _check_sgd
+from .checks.nb08_lenet_data_parallel import NUM_TRAIN_EXAMPLES
+from .helpers.d2l import sgd
+from .helpers.train_result import TrainResult
 from .lessons.nb08_lenet_data_parallel import *  # noqa: F403
-from .lessons.nb08_lenet_data_parallel import __all__ as _nb08
+from .lessons.nb08_lenet_data_parallel import __all__ as _lesson
 
-TrainResult = collections.namedtuple('TrainResult',
-                                     ['test_acc', 'sec_per_epoch', 'devices', 'device_params'])
-
-
-TrainResult.__doc__ = 'What `train` returns: final test accuracy, seconds per epoch, slots, replicas.'
-
-
-@checked(_check_sgd)
-def sgd(params, lr, batch_size):
-    """Move each parameter against its gradient over the batch, then clear the gradient.
-
-    The gradients hold sums over `batch_size` examples: dividing by it makes each
-    step follow the mean loss, whatever the batch size.
-    """
-    with torch.no_grad():
-        for p in params:
-            step = lr * p.grad / batch_size
-            p.sub_(step)
-            p.grad.zero_()  # the next backward adds into a clean gradient
-
-__all__ = [*_nb08, 'NUM_TRAIN_EXAMPLES', 'TrainResult', 'sgd']
+__all__ = [*_lesson, 'NUM_TRAIN_EXAMPLES', 'TrainResult', 'sgd']

@@ -11,6 +11,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from d2lpar import ddp_practice
 from d2lpar.distributed import count_calls
+from d2lpar.helpers import probes  # where inductor_works looks up cxx_compiler
 
 WORLD, K, MICRO, LR = 2, 3, 4, 0.1
 
@@ -339,7 +340,7 @@ def test_bf16_in_hardware_says_no_for_a_t4(monkeypatch):
 
 def test_inductor_works_reports_a_missing_compiler_or_header(monkeypatch, tmp_path):
     # issue 24, defect 4: inductor also needs omp.h on macOS; the guard must see any failure.
-    monkeypatch.setattr(ddp_practice, 'cxx_compiler', lambda: None)
+    monkeypatch.setattr(probes, 'cxx_compiler', lambda: None)
     ok, why = ddp_practice.inductor_works()
     assert not ok and 'C++ compiler' in why
     monkeypatch.undo()
@@ -355,12 +356,12 @@ def test_inductor_works_reports_a_missing_compiler_or_header(monkeypatch, tmp_pa
         seen.update(kwargs['env'])
         return subprocess.CompletedProcess(argv, 1, '', said)
 
-    monkeypatch.setattr(ddp_practice, 'cxx_compiler', lambda: '/usr/bin/clang++')
-    monkeypatch.setattr(ddp_practice.subprocess, 'run', fake_run)
+    monkeypatch.setattr(probes, 'cxx_compiler', lambda: '/usr/bin/clang++')
+    monkeypatch.setattr(probes.subprocess, 'run', fake_run)
     ok, why = ddp_practice.inductor_works()
     assert not ok and why == "/tmp/x/cpp_prefix.h:5:10: fatal error: 'omp.h' file not found"
     assert seen['TORCHINDUCTOR_CACHE_DIR']  # a fresh cache: a cached kernel would hide it
-    monkeypatch.setattr(ddp_practice.subprocess, 'run', lambda argv, **kw: (
+    monkeypatch.setattr(probes.subprocess, 'run', lambda argv, **kw: (
         subprocess.CompletedProcess(argv, 0, 'inductor works\n', '')))
     assert ddp_practice.inductor_works() == (True, '')
 

@@ -12,6 +12,7 @@ import torch
 import d2lpar
 from d2lpar.distributed import (DistEnv, default_timeout, dist_env, emit_result, expand_nodelist,
                                 pick_backend, rank_device, torch_env_from_slurm)
+from full_disk import run_on_a_full_disk
 
 SBATCH = Path(__file__).resolve().parent.parent / 'notebooks' / 'scripts' / 'ddp_multinode.sbatch'
 
@@ -178,6 +179,23 @@ def test_emit_result_writes_json_files_or_prints_a_summary(tmp_path, monkeypatch
     with pytest.raises(TypeError, match='emit_result cannot store a object'):
         emit_result(thing=object())
     assert [f.name for f in tmp_path.iterdir()] == [files[0].name]  # nothing half-written
+
+
+def test_a_result_that_cannot_be_written_whole_leaves_no_file(tmp_path):
+    # A disk that fills halfway through the write: the launcher must find no half record (it
+    # reads every *.json) and no temporary file left behind.
+    done = run_on_a_full_disk(f"""
+        import os
+        os.environ['D2LPAR_RESULT_DIR'] = {str(tmp_path)!r}
+        from d2lpar.distributed import emit_result
+        full_disk()
+        try:
+            emit_result(losses=list(range(1000)))
+        except OSError as e:
+            print('raised', e.errno)
+        """)
+    assert done.stdout.startswith('raised'), done.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_exit_now_flushes_and_skips_the_teardown():

@@ -126,8 +126,8 @@ def _timings_worker(rank, world_size, port, out):
             placed.append(str(device))
             return real_tensor(*args, **kwargs)
         torch.zeros, torch.tensor = zeros, tensor
-        import d2lpar.collectives
-        d2lpar.collectives.synchronize = lambda device: placed.append(f'sync {device}')
+        import d2lpar.helpers.timings
+        d2lpar.helpers.timings.synchronize = lambda device: placed.append(f'sync {device}')
         try:
             C.allreduce_timings([64], repeats=1, max_iters=1)
         finally:

@@ -1,6 +1,7 @@
 """make gpucheck's runner (verify/gpucheck.py): the driver asked before any row, rows chosen by
 name, GPU rows skipped here, failures and timeouts, and every check function fed wrong numbers."""
 import copy
+import functools
 import json
 import os
 import subprocess
@@ -12,6 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / 'verify'))
 import gpucheck  # noqa: E402
+from verify.gpu import checks, script_checks  # noqa: E402  (gpucheck put the repository on sys.path)
 
 from d2lpar.processes import launched_processes  # noqa: E402
 
@@ -111,32 +113,32 @@ def test_a_notebook_script_row_writes_the_script_as_the_notebook_does_and_checks
         record = json.loads(f.read_text())
         results[record['rank']] = record
     args = argv[argv.index('--') + 1:]
-    gpucheck._check_pp_schedules(results, args)  # what the row checked passes...
+    script_checks._check_pp_schedules(results, args)  # what the row checked passes...
     # ...and each classic bug fails it: a schedule that keeps every micro-batch in flight, one
     # schedule's wrong gradient, every schedule's gradients summed over the micro-batches
     # instead of averaged, activations left held after the step.
     broken = copy.deepcopy(results)
     broken[1]['1F1B']['peak_in_flight'] = broken[1]['GPipe']['peak_in_flight']
-    with pytest.raises(gpucheck.CheckFailed, match='1F1B holds'):
-        gpucheck._check_pp_schedules(broken, args)
+    with pytest.raises(checks.CheckFailed, match='1F1B holds'):
+        script_checks._check_pp_schedules(broken, args)
     broken = copy.deepcopy(results)
     stage = next(iter(broken[0]['ZBVZeroBubble']['grads']))
     broken[0]['ZBVZeroBubble']['grads'][stage][0] = [
         [4 * x for x in row] for row in broken[0]['ZBVZeroBubble']['grads'][stage][0]]
-    with pytest.raises(gpucheck.CheckFailed, match="ZBVZeroBubble: gradients differ"):
-        gpucheck._check_pp_schedules(broken, args)
+    with pytest.raises(checks.CheckFailed, match="ZBVZeroBubble: gradients differ"):
+        script_checks._check_pp_schedules(broken, args)
     broken = copy.deepcopy(results)  # every schedule alike: summed over the micro-batches
     m = int(args[args.index('--microbatches') + 1])
     for r in broken.values():
         for name, schedule in r.items():
             if isinstance(schedule, dict):
                 schedule['grads'] = {i: _scaled(ts, m) for i, ts in schedule['grads'].items()}
-    with pytest.raises(gpucheck.CheckFailed, match="GPipe: gradients differ from one process"):
-        gpucheck._check_pp_schedules(broken, args)
+    with pytest.raises(checks.CheckFailed, match="GPipe: gradients differ from one process"):
+        script_checks._check_pp_schedules(broken, args)
     broken = copy.deepcopy(results)
     broken[0]['GPipe']['alive_after'] = 1
-    with pytest.raises(gpucheck.CheckFailed, match='activations still held'):
-        gpucheck._check_pp_schedules(broken, args)
+    with pytest.raises(checks.CheckFailed, match='activations still held'):
+        script_checks._check_pp_schedules(broken, args)
     assert launched_processes() == []
 
 
@@ -144,7 +146,7 @@ def test_the_other_script_checks_catch_their_classic_bugs():
     good_tp = {'out': 1e-7, 'x_grad': 1e-7, 'grads': 1e-7}
     tp_block = {r: {'megatron': dict(good_tp, calls={'all_reduce': [4, 1024]}),
                     'sp': dict(good_tp, partial=0.5), 'overlap_equal': True} for r in (0, 1)}
-    gpucheck._check_tp_block(tp_block, [])
+    script_checks._check_tp_block(tp_block, [])
     for edit, message in [(lambda r: r['megatron'].update(grads=0.3), 'megatron differs'),
                           (lambda r: r['sp'].update(partial=0.0), 'before the sum'),
                           (lambda r: r['megatron'].update(calls={'all_reduce': [3, 768]}),
@@ -152,17 +154,17 @@ def test_the_other_script_checks_catch_their_classic_bugs():
                           (lambda r: r.update(overlap_equal=False), 'changed the gradients')]:
         broken = copy.deepcopy(tp_block)
         edit(broken[0])
-        with pytest.raises(gpucheck.CheckFailed, match=message):
-            gpucheck._check_tp_block(broken, [])
+        with pytest.raises(checks.CheckFailed, match=message):
+            script_checks._check_tp_block(broken, [])
     coords = [(a, b, c) for a in range(2) for b in range(2) for c in range(2)]
     rows = [[0, 8], [16, 24], [8, 16], [24, 32]] + [[0, 8]] * 4
     three_d = {rank: dict(pp=a, dp=b, tp=c, max_diff=1e-8, moved=0.05, steps=2, mlp0_rows=rows[rank],
                           sizes=dict(B=8, T=4, H=32, LR=0.1))
                for rank, (a, b, c) in enumerate(coords)}
-    gpucheck._check_parallel_3d(three_d, [])  # tolerance 0.1 * 2 * 8 * 4 * 32 * 2**-23 = 6.1e-6
+    script_checks._check_parallel_3d(three_d, [])  # tolerance 0.1 * 2 * 8 * 4 * 32 * 2**-23 = 6.1e-6
     three_d[5]['max_diff'] = 1e-3  # a gradient not averaged over the data-parallel halves
-    with pytest.raises(gpucheck.CheckFailed, match='rank 5: off by'):
-        gpucheck._check_parallel_3d(three_d, [])
+    with pytest.raises(checks.CheckFailed, match='rank 5: off by'):
+        script_checks._check_parallel_3d(three_d, [])
 
 
 def test_a_script_the_notebook_does_not_write_is_named_before_any_kernel_starts(tmp_path):
@@ -300,12 +302,12 @@ def test_a_row_that_exits_0_with_wrong_numbers_fails(tmp_path, monkeypatch, caps
     emit = ('from d2lpar.distributed import emit_result; '
             'emit_result(rank=0, total={})')
     fake = [gpucheck.Row('right', argv=[sys.executable, '-c', emit.format(1.0)],
-                         check=gpucheck.functools.partial(gpucheck._check_hello, nproc=1),
+                         check=functools.partial(checks._check_hello, nproc=1),
                          env={'NCCL_DEBUG': 'INFO'}),
             gpucheck.Row('wrong', argv=[sys.executable, '-c', emit.format(2.0)],
-                         check=gpucheck.functools.partial(gpucheck._check_hello, nproc=1)),
+                         check=functools.partial(checks._check_hello, nproc=1)),
             gpucheck.Row('silent', argv=[sys.executable, '-c', 'pass'],
-                         check=gpucheck.functools.partial(gpucheck._check_hello, nproc=1))]
+                         check=functools.partial(checks._check_hello, nproc=1))]
     fake[0].argv[-1] += '; print("host:1:1 [0] NCCL INFO Bootstrap")'
     monkeypatch.setattr(gpucheck, 'rows', lambda scratch: fake)
     _no_driver(monkeypatch)
@@ -337,7 +339,7 @@ def test_every_gpu_row_checks_numbers_and_the_quick_rows_fit_one_gpu_in_8_minute
         if row.notebook is not None:
             continue  # the notebook's own asserts
         script = row.argv[row.argv.index('script') + 2] if 'script' in row.argv else None
-        assert row.check is not None or script in gpucheck.CHECKS, row.name
+        assert row.check is not None or script in script_checks.CHECKS, row.name
     quick = [row for row in table if row.quick]
     assert all(row.needs == 1 and row.name.startswith('quick: ') for row in quick)
     assert sum(row.estimate for row in quick) < 8 * 60  # estimates, stated as such
@@ -352,20 +354,20 @@ def test_every_gpu_row_checks_numbers_and_the_quick_rows_fit_one_gpu_in_8_minute
 # --- Each check function, fed right numbers and then the classic wrong ones ---
 
 def _fails(check, records, message, *args, **kwargs):
-    with pytest.raises(gpucheck.CheckFailed, match=message):
+    with pytest.raises(checks.CheckFailed, match=message):
         check(records, *args, **kwargs)
 
 
 def _ddp_records(nproc=2):
     """What ddp_torchrun.py's ranks hand back when DDP is right: one process's numbers."""
-    init, final, losses = gpucheck._one_process_ddp(4)
+    init, final, losses = checks._one_process_ddp(4)
     return [dict(rank=r, backend='nccl', init=init if r == 0 else [x + 1 for x in init],
                  synced=init, final=final, losses=dict(losses), replica_gap=0.0)
             for r in range(nproc)]
 
 
 def test_the_ddp_and_restart_checks_compare_with_one_process():
-    check = gpucheck.functools.partial(gpucheck._check_ddp, log='', nproc=2, epochs=4)
+    check = functools.partial(checks._check_ddp, log='', nproc=2, epochs=4)
     check(_ddp_records())
     for edit, message in [
             (lambda rs: rs[0].update(backend='gloo'), 'ran on gloo'),
@@ -379,7 +381,7 @@ def test_the_ddp_and_restart_checks_compare_with_one_process():
         records = _ddp_records()
         edit(records)
         _fails(check, records, message)
-    restart = gpucheck.functools.partial(gpucheck._check_restart, nproc=2, epochs=4, fail_at=1)
+    restart = functools.partial(checks._check_restart, nproc=2, epochs=4, fail_at=1)
     done = [dict(r, attempt=1, first_epoch=1) for r in _ddp_records()]
     log = 'rank 0: killed at the end of epoch 2\n'
     restart(done + [dict(rank=0, gloo_threads_after_destroy=[])], log)
@@ -392,7 +394,7 @@ def test_the_syncbatchnorm_check_wants_the_global_batch_statistics():
     import torch
     g = torch.Generator().manual_seed(0)
     X = (torch.randn(8, 4, generator=g) * 3 + 1).tolist()
-    Y = gpucheck._batchnorm(X)
+    Y = checks._batchnorm(X)
 
     def records(syncbn_rows):
         return [dict(rank=r, backend='nccl', X=X[4 * r:4 * r + 4], Y=Y[4 * r:4 * r + 4],
@@ -400,12 +402,12 @@ def test_the_syncbatchnorm_check_wants_the_global_batch_statistics():
                      unused_error='Expected to have finished reduction', unused_error_with_find=None)
                 for r in range(2)]
 
-    gpucheck._check_anatomy(records(Y), '', nproc=2)
-    local = gpucheck._batchnorm(X[:4]) + gpucheck._batchnorm(X[4:])  # each rank's own batch
-    _fails(gpucheck._check_anatomy, records(local), 'nn.SyncBatchNorm differs', '', nproc=2)
+    checks._check_anatomy(records(Y), '', nproc=2)
+    local = checks._batchnorm(X[:4]) + checks._batchnorm(X[4:])  # each rank's own batch
+    _fails(checks._check_anatomy, records(local), 'nn.SyncBatchNorm differs', '', nproc=2)
     broken = records(Y)
     broken[1]['syncbn'] = {'error': 'ValueError: SyncBatchNorm expected input tensor on GPU'}
-    _fails(gpucheck._check_anatomy, broken, 'nn.SyncBatchNorm failed', '', nproc=2)
+    _fails(checks._check_anatomy, broken, 'nn.SyncBatchNorm failed', '', nproc=2)
 
 
 def _practice_records(trace):
@@ -436,7 +438,7 @@ def _practice_records(trace):
 def test_the_ddp_practice_check_catches_each_parts_wrong_numbers(tmp_path):
     trace = tmp_path / 'trace.json'
     trace.write_text('{}')
-    check = gpucheck.functools.partial(gpucheck._check_practice, log='', nproc=2)
+    check = functools.partial(checks._check_practice, log='', nproc=2)
     check(_practice_records(trace))
     for part, change, message in [
             ('amp', dict(out_dtype='torch.bfloat16'), 'not float16'),
@@ -460,12 +462,12 @@ def test_the_ddp_practice_check_catches_each_parts_wrong_numbers(tmp_path):
 
 def test_the_other_row_checks_catch_wrong_numbers():
     log = '\n'.join(f'epoch {e}: loss {1 - e / 10:.4f} (2 processes, nccl)' for e in range(3))
-    gpucheck._check_standalone([], log, nproc=2, epochs=3)
-    _fails(gpucheck._check_standalone, [], 'ran as', log.replace('nccl', 'gloo'), nproc=2,
+    checks._check_standalone([], log, nproc=2, epochs=3)
+    _fails(checks._check_standalone, [], 'ran as', log.replace('nccl', 'gloo'), nproc=2,
            epochs=3)
-    _fails(gpucheck._check_standalone, [], 'epochs printed', log.split('\n', 1)[1], nproc=2,
+    _fails(checks._check_standalone, [], 'epochs printed', log.split('\n', 1)[1], nproc=2,
            epochs=3)
-    _fails(gpucheck._check_standalone, [], 'did not go down', log.replace('loss 0.8', 'loss 1.8'),
+    _fails(checks._check_standalone, [], 'did not go down', log.replace('loss 0.8', 'loss 1.8'),
            nproc=2, epochs=3)
 
     def miniddp(**change):
@@ -475,38 +477,38 @@ def test_the_other_row_checks_catch_wrong_numbers():
                   buckets={'HookDDP': [], 'B 0.25': [[0, 1], [2, 3]]}) for k in range(2)]
         r[1].update(change)
         return r
-    gpucheck._check_miniddp(miniddp(), '', nproc=2)
-    _fails(gpucheck._check_miniddp, miniddp(max_diff_single={'DDP': 1e-3}), 'differences', '',
+    checks._check_miniddp(miniddp(), '', nproc=2)
+    _fails(checks._check_miniddp, miniddp(max_diff_single={'DDP': 1e-3}), 'differences', '',
            nproc=2)
-    _fails(gpucheck._check_miniddp, miniddp(allreduce_calls={'HookDDP': 8}), 'HookDDP made 8', '',
+    _fails(checks._check_miniddp, miniddp(allreduce_calls={'HookDDP': 8}), 'HookDDP made 8', '',
            nproc=2)
-    _fails(gpucheck._check_miniddp, miniddp(device='cpu', backend='gloo'), 'ran on gloo', '',
+    _fails(checks._check_miniddp, miniddp(device='cpu', backend='gloo'), 'ran on gloo', '',
            nproc=2)
 
     def cp(**change):
         r = [dict(rank=k, supported=True, device=f'cuda:{k}', errors=[1e-6] * 4) for k in range(2)]
         r[0].update(change)
         return r
-    gpucheck._check_context_parallel(cp(), '', nproc=2)
-    _fails(gpucheck._check_context_parallel, cp(supported=False, message='no rule for '
+    checks._check_context_parallel(cp(), '', nproc=2)
+    _fails(checks._check_context_parallel, cp(supported=False, message='no rule for '
            'aten._scaled_dot_product_flash_attention'), 'not supported', '', nproc=2)
-    _fails(gpucheck._check_context_parallel, cp(errors=[1e-6, 1e-6, 0.3, 1e-6]),
+    _fails(checks._check_context_parallel, cp(errors=[1e-6, 1e-6, 0.3, 1e-6]),
            'full attention', '', nproc=2)
-    _fails(gpucheck._check_flight_recorder, [], 'stuck', 'rank 0: all_reduce completed')
-    gpucheck._check_pytest_ran([], '3 passed in 4.1s')
-    _fails(gpucheck._check_pytest_ran, [], 'no test ran', '5 skipped in 0.1s')
+    _fails(checks._check_flight_recorder, [], 'stuck', 'rank 0: all_reduce completed')
+    checks._check_pytest_ran([], '3 passed in 4.1s')
+    _fails(checks._check_pytest_ran, [], 'no test ran', '5 skipped in 0.1s')
     P = 24960
     zero = {k: dict(num_params=P, sent={'DDP': P * 4, 'ZeRO-1': P * 4, 'ZeRO-2': P * 4,
                                          'ZeRO-3': P * 6},
                     peak={'DDP': 400, 'ZeRO-1': 300, 'ZeRO-2': 200, 'ZeRO-3': 100}) for k in range(2)}
-    gpucheck._check_measure_zero(zero, [])
+    script_checks._check_measure_zero(zero, [])
     zero[1]['sent']['ZeRO-3'] = P * 4  # a layer not gathered again for backward
-    _fails(gpucheck._check_measure_zero, zero, 'ZeRO-3 sent', [])
+    _fails(script_checks._check_measure_zero, zero, 'ZeRO-3 sent', [])
     zero[1]['sent']['ZeRO-3'] = P * 6
     zero[0]['peak']['ZeRO-2'] = 300  # full gradients kept: ZeRO-1's peak
-    _fails(gpucheck._check_measure_zero, zero, 'do not fall', [])
+    _fails(script_checks._check_measure_zero, zero, 'do not fall', [])
     timelines = {'False': [], 'True': []}
-    gpucheck._check_fsdp_save({0: dict(prefetch=timelines)}, ['prefetch', 'save'])
-    gpucheck._check_fsdp_save({0: {}}, ['save'])
-    _fails(gpucheck._check_fsdp_save, {0: {}}, 'no prefetch', ['prefetch', 'save'])
-    _fails(gpucheck._check_fsdp_save, {}, 'no rank', ['save'])
+    script_checks._check_fsdp_save({0: dict(prefetch=timelines)}, ['prefetch', 'save'])
+    script_checks._check_fsdp_save({0: {}}, ['save'])
+    _fails(script_checks._check_fsdp_save, {0: {}}, 'no prefetch', ['prefetch', 'save'])
+    _fails(script_checks._check_fsdp_save, {}, 'no rank', ['save'])

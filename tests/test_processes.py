@@ -31,3 +31,18 @@ def test_run_with_mask_takes_numbers_and_unsets_as_launch_does(monkeypatch):
             "report['unset'] = 'D2LPAR_TEST_UNSET_ME' in os.environ\n")
     run = d2lpar.run_with_mask('0', code=code, env={'OMP_NUM_THREADS': 3, 'D2LPAR_TEST_UNSET_ME': None})
     assert run['report'] == {'threads': '3', 'unset': False}
+
+
+def test_launch_and_run_with_mask_give_a_child_the_same_environment(monkeypatch, tmp_path):
+    # One env value, two launchers, real children: a number arrives as its string, None unsets.
+    monkeypatch.setenv('D2LPAR_TEST_UNSET_ME', 'x')
+    monkeypatch.delenv('D2LPAR_RESULT_DIR', raising=False)
+    script = tmp_path / 'probe.py'
+    script.write_text("import os\nfrom d2lpar.distributed import emit_result\n"
+                      "emit_result(threads=os.environ.get('OMP_NUM_THREADS'),\n"
+                      "            unset='D2LPAR_TEST_UNSET_ME' not in os.environ)\n")
+    env = {'OMP_NUM_THREADS': 3, 'D2LPAR_TEST_UNSET_ME': None}
+    [launched] = d2lpar.launch(script, nproc=1, env=env, echo=False).check().results
+    assert (launched['threads'], launched['unset']) == ('3', True)
+    masked = d2lpar.run_with_mask('0', script=script, env=env)
+    assert "threads='3', unset=True" in masked['stdout'], masked

@@ -8,6 +8,7 @@ from IPython.core.interactiveshell import InteractiveShell
 
 import d2lpar
 from d2lpar import saving
+from full_disk import run_on_a_full_disk
 
 CELLS = [
     'import json\nimport torch\nfrom torch import nn',
@@ -110,3 +111,25 @@ def test_a_removed_folder_stops_the_saving_with_a_message_not_a_traceback(shell,
     assert 'save_cells: ' in out.out and 'is gone' in out.out
     assert not folder.exists()
     assert not [c for c in shell.events.callbacks['post_run_cell'] if hasattr(c, 'd2lpar_saves_to')]
+
+
+def test_a_checkpoint_that_cannot_be_written_whole_leaves_the_old_one(tmp_path):
+    # torch.save through replace_whole on a disk that fills halfway: the old checkpoint stays,
+    # readable, and no temporary file is left beside it.
+    torch = pytest.importorskip('torch')
+    path = tmp_path / 'checkpoint.pt'
+    torch.save({'step': 1}, path)
+    done = run_on_a_full_disk(f"""
+        import torch
+        from d2lpar.saving import replace_whole, write_whole
+        full_disk(4096)
+        for write in (lambda: replace_whole({str(path)!r}, lambda tmp: torch.save(torch.zeros(10**4), tmp)),
+                      lambda: write_whole({str(path)!r}, 'x' * 10**4)):
+            try:
+                write()
+            except (OSError, RuntimeError) as e:  # torch.save says RuntimeError (an iostream error)
+                print('raised', type(e).__name__)
+        """)
+    assert done.stdout.count('raised') == 2, done.stdout + done.stderr
+    assert torch.load(path, weights_only=True) == {'step': 1}
+    assert [p.name for p in tmp_path.iterdir()] == ['checkpoint.pt']

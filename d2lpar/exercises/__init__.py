@@ -17,11 +17,11 @@ from .ddp_launching import check_slurm_ranks
 from .ddp_practice import check_accumulation
 from .fault_tolerance import check_checkpoint_interval
 from .fsdp import check_shard_rows
-from .lenet import check_ring_allreduce, check_split_batch
+from .lenet_data_parallel import check_ring_allreduce, check_split_batch
 from .model_parallel import check_unbalanced_bubble
 from .pipeline_parallel import check_interleaved_stages
 from .reasoning_at_scale import check_largest_batch
-from .sharding import check_zero2_hook
+from .zero import check_zero2_hook
 from .single_device import check_pick_device
 from .tensor_parallel import check_row_parallel_linear
 from .visible_devices import check_visible_count

@@ -1,0 +1,84 @@
+"""One mutant planted and run: its verdict (CAUGHT, CAUGHT-ELSEWHERE, SURVIVED, BROKEN) as a Row."""
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from verify.mutants.plant import Broken, code_sources, copy_repo, notebook_path, plant, truncate
+from verify.mutants.running import CELL_TIMEOUT, failing_line, first_failure, pytest, tail
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Row:
+    def __init__(self, notebook, claim, name, verdict, check='', seconds=0.0, quick=False):
+        self.notebook, self.claim, self.name = notebook, claim, name
+        self.verdict, self.check, self.seconds, self.quick = verdict, check, seconds, quick
+
+
+def run_mutant(mutant, root=ROOT, scratch=None, control=False):
+    """Plant `mutant` (or, with control=True, nothing) in a copy of `root`; return its Row."""
+    start = time.monotonic()
+    safe = re.sub(r'[^\w-]', '_', mutant.name)  # a folder name, whatever the mutant's name
+    base = Path(tempfile.mkdtemp(prefix=f'mutant-{safe}-', dir=scratch))
+    copy = base / 'repo'
+    label = '(control)' if control else mutant.name
+    try:
+        copy_repo(root, copy)
+        if not control:
+            plant(copy, mutant)
+        nb = notebook_path(mutant)
+        if nb is not None:
+            if not (copy / nb).is_file():
+                raise Broken(f'{nb} does not exist')
+            index, number = truncate(copy / nb, mutant.catch)
+            code, cases, out = pytest(copy, [nb], f'{base.name}-{os.getpid()}',
+                                      timeout=CELL_TIMEOUT * 4)
+            ran = [c for c in cases if c[1].startswith('Cell ')]
+            failed = first_failure(cases)
+            if failed is None:
+                if code == 0 and ran:
+                    return Row(mutant.notebook, mutant.claim, label,
+                               'PASSED' if control else 'SURVIVED', '', time.monotonic() - start)
+                raise Broken(f'pytest exited {code} without a failing cell: {tail(out)}')
+            where, error = failing_line(failed[3])
+            cell = int(failed[1].split()[1]) if failed[1].startswith('Cell ') else None
+            shown = f'{where}  [{error}]' if error else where
+            if cell == number:
+                verdict = 'FAILED' if control else 'CAUGHT'
+                return Row(mutant.notebook, mutant.claim, label, verdict,
+                           f'[{index}] {shown}', time.monotonic() - start)
+            at = code_index_to_cell(copy / nb, cell)
+            verdict = 'FAILED' if control else 'CAUGHT-ELSEWHERE'
+            return Row(mutant.notebook, mutant.claim, label, verdict,
+                       f'[{at}] (not [{index}]) {shown}', time.monotonic() - start)
+        code, cases, out = pytest(copy, [mutant.run], f'{base.name}-{os.getpid()}',
+                                  timeout=CELL_TIMEOUT * 4)
+        failed = first_failure(cases)
+        if failed is None:
+            if code == 0 and cases:
+                return Row(mutant.notebook, mutant.claim, label,
+                           'PASSED' if control else 'SURVIVED', '', time.monotonic() - start)
+            raise Broken(f'pytest exited {code} without a failing test: {tail(out)}')
+        where, error = failing_line(failed[3])
+        key = mutant.catch.split('::')[-1]
+        hit = failed[1] == key or failed[1].startswith(key + '[')
+        verdict = 'FAILED' if control else ('CAUGHT' if hit else 'CAUGHT-ELSEWHERE')
+        name = failed[1] if hit else f'{failed[1]} (not {key})'
+        return Row(mutant.notebook, mutant.claim, label, verdict,
+                   f'{name}: {where}  [{error}]', time.monotonic() - start)
+    except Broken as e:
+        return Row(mutant.notebook, mutant.claim, label, 'BROKEN', str(e), time.monotonic() - start)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def code_index_to_cell(path, number):
+    if number is None:
+        return '?'
+    nb = json.loads(path.read_text())
+    sources = code_sources(nb)
+    return sources[number][0] if 0 <= number < len(sources) else '?'
