@@ -3,6 +3,7 @@
 Kernels started by nbval inherit this environment: notebooks then use the
 offline Fashion-MNIST stand-in and their small workload (see README).
 """
+
 import os
 
 os.environ['D2LPAR_OFFLINE'] = '1'

@@ -1,4 +1,5 @@
 """Where a benchmark leaves its numbers: bench-results/NAME.json and NAME.png, each whole or not at all."""
+
 import json
 from pathlib import Path
 

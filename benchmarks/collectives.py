@@ -8,6 +8,7 @@ Goals: the ring within 2x of the built-in all_reduce for messages of 1 MB and
 more at every world size, and faster than the naive allreduce at world sizes 3
 and 4 for large messages (8 MB and more).
 """
+
 import argparse
 from pathlib import Path
 
@@ -27,8 +28,7 @@ def measure(world_sizes, sizes, repeats):
     timings = {}
     for n in world_sizes:
         print(f'--- {n} processes', flush=True)
-        run = d2lpar.launch(SCRIPT, nproc=n, args=['--sizes', *sizes, '--repeats', repeats],
-                            timeout=900).check()
+        run = d2lpar.launch(SCRIPT, nproc=n, args=['--sizes', *sizes, '--repeats', repeats], timeout=900).check()
         timings[n] = {(r['method'], r['bytes']): r['seconds'] for r in run.by_rank()[0]['timings']}
     return timings
 
@@ -50,14 +50,20 @@ def goals(timings, sizes):
 
 def plot(timings):
     from matplotlib.figure import Figure
+
     fig = Figure(figsize=(4.2 * len(timings), 3.4))
     for i, (n, table) in enumerate(timings.items()):
         ax = fig.add_subplot(1, len(timings), i + 1)
         for method, fmt in zip(METHODS, ['o-', 's-', '^--']):
             points = sorted((S, t) for (m, S), t in table.items() if m == method)
             ax.plot([S for S, _ in points], [t for _, t in points], fmt, label=method)
-        ax.set(xscale='log', yscale='log', xlabel='message size (bytes)', ylabel='seconds',
-               title=f'allreduce, {n} processes')
+        ax.set(
+            xscale='log',
+            yscale='log',
+            xlabel='message size (bytes)',
+            ylabel='seconds',
+            title=f'allreduce, {n} processes',
+        )
         ax.grid(True, which='both', alpha=0.3)
         ax.legend()
     fig.tight_layout()
@@ -73,20 +79,37 @@ def main(quick=False):
     timings = measure(world_sizes, sizes, repeats)
     print(f'\nallreduce of float32 messages on {d2lpar.hardware_tier()} (gloo), best of {repeats}:')
     for n, table in timings.items():
-        print(f'{n} processes' + ''.join(f'{m + " ms":>12}' for m in METHODS)
-              + ''.join(f'{m + " busbw":>16}' for m in METHODS))
+        print(
+            f'{n} processes'
+            + ''.join(f'{m + " ms":>12}' for m in METHODS)
+            + ''.join(f'{m + " busbw":>16}' for m in METHODS)
+        )
         for S in sizes:
             busbw = [collectives.bandwidths(S, table[m, S], n)[1] / 1e6 for m in METHODS]
-            print(f'{S / 2**10:8.0f} KB' + ''.join(f'{table[m, S] * 1e3:12.2f}' for m in METHODS)
-                  + ''.join(f'{b:11.0f} MB/s' for b in busbw))
+            print(
+                f'{S / 2**10:8.0f} KB'
+                + ''.join(f'{table[m, S] * 1e3:12.2f}' for m in METHODS)
+                + ''.join(f'{b:11.0f} MB/s' for b in busbw)
+            )
     print('goals:')
     lines = goals(timings, sizes)
     for text, ratio, met in lines:
         print(f'  {text}: {ratio:.2f}x -> {"met" if met else "NOT met"}')
-    records = [{'world_size': n, 'method': m, 'bytes': S, 'seconds': t}
-               for n, table in timings.items() for (m, S), t in table.items()]
-    save('collectives', {'hardware': d2lpar.hardware_tier(), 'repeats': repeats, 'timings': records,
-                         'goals': [{'goal': g, 'ratio': r, 'met': m} for g, r, m in lines]}, plot(timings))
+    records = [
+        {'world_size': n, 'method': m, 'bytes': S, 'seconds': t}
+        for n, table in timings.items()
+        for (m, S), t in table.items()
+    ]
+    save(
+        'collectives',
+        {
+            'hardware': d2lpar.hardware_tier(),
+            'repeats': repeats,
+            'timings': records,
+            'goals': [{'goal': g, 'ratio': r, 'met': m} for g, r, m in lines],
+        },
+        plot(timings),
+    )
     return {'timings': records, 'goals': lines}
 
 

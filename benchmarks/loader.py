@@ -5,6 +5,7 @@ d2l reads the data set through `DataLoader(num_workers=4)` with a per-image
 `d2lpar.load_data_fashion_mnist` converts the whole set once and slices tensors.
 Goal: the in-memory loader is at least 10x faster.
 """
+
 import argparse
 import time
 import warnings
@@ -28,8 +29,9 @@ def epoch_seconds(loader):
 def main(quick=False, batch_size=256, repeats=None):
     repeats = repeats or (1 if quick else 3)
     train_iter, _ = d2lpar.load_data_fashion_mnist(batch_size)
-    dataset = torchvision.datasets.FashionMNIST(prepare_fashion_mnist().parent.parent, train=True,
-                                                transform=transforms.ToTensor())
+    dataset = torchvision.datasets.FashionMNIST(
+        prepare_fashion_mnist().parent.parent, train=True, transform=transforms.ToTensor()
+    )
     # d2l's setting, kept on purpose; torch warns that 4 workers exceed 2 cores.
     warnings.filterwarnings('ignore', message='This DataLoader will create')
     workers = tud.DataLoader(dataset, batch_size, shuffle=True, num_workers=4)

@@ -16,6 +16,7 @@ Only training steps are timed: best of several interleaved repetitions. The
 table, a JSON file and a bar plot go to bench-results/. Goal: MiniDDP's step
 time within 1.3x of DDP's.
 """
+
 import argparse
 import importlib.util
 import math
@@ -65,6 +66,7 @@ def slots_step(k, params, batches, lr, threads=1):
             d2lpar.train_batch(X, y, device_params, devices, lr)
         d2lpar.synchronize()
         return (time.perf_counter() - start) / steps
+
     return run, devices
 
 
@@ -84,6 +86,7 @@ def data_parallel_step(k, params, batches, lr):
             optimizer.step()
         d2lpar.synchronize()
         return (time.perf_counter() - start) / steps
+
     return run
 
 
@@ -94,10 +97,11 @@ def in_process(methods, steps, repeats):
         methods[name](2)
     best = dict.fromkeys(names, math.inf)
     for r in range(repeats):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             best[name] = min(best[name], methods[name](steps))
-        print(f'round {r + 1}/{repeats}: ' + ', '.join(
-            f'{name} {t * 1e3:.1f} ms' for name, t in best.items()), flush=True)
+        print(
+            f'round {r + 1}/{repeats}: ' + ', '.join(f'{name} {t * 1e3:.1f} ms' for name, t in best.items()), flush=True
+        )
     return best
 
 
@@ -112,8 +116,10 @@ def main(quick=False, batch_size=256, lr=0.2):
     gpus = d2lpar.num_gpus()
     k = data_parallel_processes(gpus, batch_size)
     if k < gpus:
-        print(f'{gpus} GPUs, but a batch of {batch_size} splits evenly over {k} of them: '
-              f'the data-parallel rows use {k}', flush=True)
+        print(
+            f'{gpus} GPUs, but a batch of {batch_size} splits evenly over {k} of them: the data-parallel rows use {k}',
+            flush=True,
+        )
     torch.manual_seed(0)  # the same minibatches every run
     train_iter, _ = d2lpar.load_data_fashion_mnist(batch_size)
     batches = [b for _, b in zip(range(num_batches), train_iter)]
@@ -131,8 +137,7 @@ def main(quick=False, batch_size=256, lr=0.2):
         methods[name] = slots_step(1, params, batches, lr, threads=default_threads)[0]
         rows[name] = f'1 slot ({single_devices[0]})'
     methods['hand-written data parallel'] = hand
-    rows['hand-written data parallel'] = \
-        f'{k} slots ({", ".join(sorted({str(d) for d in hand_devices}))})'
+    rows['hand-written data parallel'] = f'{k} slots ({", ".join(sorted({str(d) for d in hand_devices}))})'
     rows['nn.DataParallel'] = f'{k} GPUs'
     if gpus >= 2:
         methods['nn.DataParallel'] = data_parallel_step(k, params, batches, lr)
@@ -145,9 +150,27 @@ def main(quick=False, batch_size=256, lr=0.2):
         data = os.path.join(tmp, 'batches.pt')
         batch = (torch.cat([X for X, _ in batches]), torch.cat([y for _, y in batches]))
         replace_whole(data, lambda tmp: torch.save(batch, tmp))  # the ranks read it whole
-        run = d2lpar.launch(SCRIPT, nproc=k, timeout=900, args=[
-            '--model', 'lenet', '--data', data, '--batch-size', batch_size, '--lr', lr,
-            '--time-steps', steps, '--repeats', repeats, '--buckets', 25]).check()
+        run = d2lpar.launch(
+            SCRIPT,
+            nproc=k,
+            timeout=900,
+            args=[
+                '--model',
+                'lenet',
+                '--data',
+                data,
+                '--batch-size',
+                batch_size,
+                '--lr',
+                lr,
+                '--time-steps',
+                steps,
+                '--repeats',
+                repeats,
+                '--buckets',
+                25,
+            ],
+        ).check()
     report = run.by_rank()[0]
     backend, where = report['backend'], 'cuda' if report['device'].startswith('cuda') else 'cpu'
     seconds[f'DDP ({backend})'] = report['step_seconds']['DDP']
@@ -155,34 +178,53 @@ def main(quick=False, batch_size=256, lr=0.2):
     rows[f'DDP ({backend})'] = rows[f'MiniDDP ({backend})'] = f'{k} processes ({where})'
 
     base = seconds['single process']
-    print(f'\ntraining LeNet, global batch {batch_size}, {steps} steps, best of {repeats}; '
-          f'{d2lpar.hardware_tier()}, {os.cpu_count()} CPU cores, torch {torch.__version__}')
+    print(
+        f'\ntraining LeNet, global batch {batch_size}, {steps} steps, best of {repeats}; '
+        f'{d2lpar.hardware_tier()}, {os.cpu_count()} CPU cores, torch {torch.__version__}'
+    )
     print(f'data: {data_source()}')
     print(f'{"method":28} {"workers":22} {"ms/step":>8} {"samples/s":>10} {"speed-up":>9}')
     table = []
     for name, workers in rows.items():
         if name not in seconds:
-            print(f'{name:28} {workers:22} skipped: needs 2 GPUs (without them it only calls '
-                  'the module)')
+            print(f'{name:28} {workers:22} skipped: needs 2 GPUs (without them it only calls the module)')
             continue
         t = seconds[name]
-        table.append({'method': name, 'workers': workers, 'seconds_per_step': t,
-                      'samples_per_second': batch_size / t, 'speedup': base / t})
+        table.append(
+            {
+                'method': name,
+                'workers': workers,
+                'seconds_per_step': t,
+                'samples_per_second': batch_size / t,
+                'speedup': base / t,
+            }
+        )
         print(f'{name:28} {workers:22} {t * 1e3:8.1f} {batch_size / t:10.0f} {base / t:8.2f}x')
     ratio = seconds[f'MiniDDP ({backend})'] / seconds[f'DDP ({backend})']
     met = ratio <= 1.3
-    print(f'goal: MiniDDP step time / DDP step time = {ratio:.2f}x (goal <= 1.3x) -> '
-          f'{"met" if met else "NOT met"}')
+    print(f'goal: MiniDDP step time / DDP step time = {ratio:.2f}x (goal <= 1.3x) -> {"met" if met else "NOT met"}')
 
-    save('methods', {'hardware': d2lpar.hardware_tier(), 'cpu_cores': os.cpu_count(),
-                     'torch': torch.__version__, 'data': data_source(),
-                     'batch_size': batch_size, 'steps': steps, 'repeats': repeats, 'table': table,
-                     'goal': {'miniddp_over_ddp': ratio, 'met': met}}, plot(table))
+    save(
+        'methods',
+        {
+            'hardware': d2lpar.hardware_tier(),
+            'cpu_cores': os.cpu_count(),
+            'torch': torch.__version__,
+            'data': data_source(),
+            'batch_size': batch_size,
+            'steps': steps,
+            'repeats': repeats,
+            'table': table,
+            'goal': {'miniddp_over_ddp': ratio, 'met': met},
+        },
+        plot(table),
+    )
     return {'table': table, 'miniddp_over_ddp': ratio}
 
 
 def plot(table):
     from matplotlib.figure import Figure
+
     fig = Figure(figsize=(6.5, 0.5 + 0.45 * len(table)))
     ax = fig.add_subplot()
     labels = [f'{row["method"]}\n{row["workers"]}' for row in table][::-1]

@@ -8,25 +8,65 @@ d2lpar/*.py       the d2l-style helpers (devices, timing, plotting, data), the c
                   (launch, processes, saving, info, render, memory, distributed) and, under each
                   chapter's old name (collectives, zero, ...), its lesson and helpers re-exported
 """
-from .data import (TensorLoader, data_root, fashion_mnist_source, get_fashion_mnist_labels,
-                   load_data_fashion_mnist, offline)
-from .dataparallel import (HandDataParallel, Replica, data_parallel, gather, load_state_dict_flexible,
-                           parallel_apply, replicate, save_checkpoint, scatter_inputs)
-from .devices import (device_slots, env_flag, gpu_problem, hardware_tier, num_gpus, small_workload,
-                      synchronize, try_all_gpus, try_gpu)
+
+from .data import (
+    TensorLoader,
+    data_root,
+    fashion_mnist_source,
+    get_fashion_mnist_labels,
+    load_data_fashion_mnist,
+    offline,
+)
+from .dataparallel import (
+    HandDataParallel,
+    Replica,
+    data_parallel,
+    gather,
+    load_state_dict_flexible,
+    parallel_apply,
+    replicate,
+    save_checkpoint,
+    scatter_inputs,
+)
+from .devices import (
+    device_slots,
+    env_flag,
+    gpu_problem,
+    hardware_tier,
+    num_gpus,
+    small_workload,
+    synchronize,
+    try_all_gpus,
+    try_gpu,
+)
 from .info import show_setup
-from .launch import (LaunchResult, end_processes, free_port, launch, launched_processes, loopback_interface,
-                     port_is_free)
+from .launch import LaunchResult, end_processes, free_port, launch, launched_processes, loopback_interface, port_is_free
 from .miniddp import BucketDDP, HookDDP, MiniDDP
-from .model_parallel import (ModelParallel, StageLinks, bubble_fraction, gpipe_stage, gpipe_step, idle_fraction,
-                             memory_footprint, pipeline_schedule, plot_schedule, schedule_problems)
+from .model_parallel import (
+    ModelParallel,
+    StageLinks,
+    bubble_fraction,
+    gpipe_stage,
+    gpipe_step,
+    idle_fraction,
+    memory_footprint,
+    pipeline_schedule,
+    plot_schedule,
+    schedule_problems,
+)
 from .models import Residual, accuracy, evaluate_accuracy_gpu, init_lenet_params, lenet
 from .parallel import allreduce, get_params, scatter, split_batch
 from .plotting import Animator
 from .saving import save_cells, write_next
 from .timing import Accumulator, Timer
 from .training import TrainResult, sgd, train, train_batch
-from .visibility import (choose_gpu, misspelled_cuda_vars, parse_visible_devices, run_with_mask,
-                         run_with_masks, visible_gpus)
+from .visibility import (
+    choose_gpu,
+    misspelled_cuda_vars,
+    parse_visible_devices,
+    run_with_mask,
+    run_with_masks,
+    visible_gpus,
+)
 
 __version__ = '0.1.0'

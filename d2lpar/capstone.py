@@ -4,6 +4,7 @@ The name notebooks and scripts import. What the notebook teaches is generated in
 d2lpar/lessons/nb17_capstone.py (edit the notebook's `#@save` cell, then `make lib`), its argument
 checks live in d2lpar/checks/.
 """
+
 from .lessons.nb17_capstone import *  # noqa: F403
 from .lessons.nb17_capstone import __all__ as _nb17
 

@@ -5,6 +5,7 @@ generated from the notebook's `#@save` cells (edit the cell, then `make lib`); i
 are in d2lpar/checks/nb09_collectives.py.
 It also re-exports what the notebook uses but does not teach, from d2lpar/helpers/.
 """
+
 from .helpers.timings import allreduce_timings
 from .lessons.nb09_collectives import *  # noqa: F403
 from .lessons.nb09_collectives import __all__ as _lesson

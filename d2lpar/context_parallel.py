@@ -4,6 +4,7 @@ The name notebooks and scripts import. What the notebook teaches is generated in
 d2lpar/lessons/nb14_context_expert.py (edit the notebook's `#@save` cell, then `make lib`), its
 argument checks live in d2lpar/checks/.
 """
+
 from .lessons.nb14_context_expert import *  # noqa: F403
 from .lessons.nb14_context_expert import __all__ as _nb14
 

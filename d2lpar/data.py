@@ -8,6 +8,7 @@ Layout under the data root (the repository's `data/` by default):
 Keeping the stand-in in its own root means it can never be mistaken for the
 real data set, and torchvision's own FashionMNIST class reads both.
 """
+
 import math
 import os
 import sys
@@ -18,31 +19,40 @@ import torch
 from torch.nn import functional as F
 
 from .checks import positive_int
-from .data_files import (FILES, _lock, _prepare_standin, _real_problem, _remove_leftovers, make_standin)
+from .data_files import FILES, _lock, _prepare_standin, _real_problem, _remove_leftovers, make_standin
 from .devices import env_flag
 
-__all__ = ['load_data_fashion_mnist', 'prepare_fashion_mnist', 'get_fashion_mnist_labels', 'TensorLoader',
-           'data_root', 'fashion_mnist_source', 'make_standin', 'offline']
+__all__ = [
+    'load_data_fashion_mnist',
+    'prepare_fashion_mnist',
+    'get_fashion_mnist_labels',
+    'TensorLoader',
+    'data_root',
+    'fashion_mnist_source',
+    'make_standin',
+    'offline',
+]
 
-TEXT_LABELS = ('t-shirt', 'trouser', 'pullover', 'dress', 'coat',
-               'sandal', 'shirt', 'sneaker', 'bag', 'ankle boot')
+TEXT_LABELS = ('t-shirt', 'trouser', 'pullover', 'dress', 'coat', 'sandal', 'shirt', 'sneaker', 'bag', 'ankle boot')
 
 
 def get_fashion_mnist_labels(labels):
     """Return text labels for the Fashion-MNIST dataset."""
-    if isinstance(labels, (str, bytes)) or not hasattr(labels, '__iter__') or (
-            isinstance(labels, torch.Tensor) and labels.dim() != 1):
-        raise TypeError(f'get_fashion_mnist_labels: labels must be a list or 1-d tensor of '
-                        f'class indices 0..9, got {labels!r}')
+    if (
+        isinstance(labels, (str, bytes))
+        or not hasattr(labels, '__iter__')
+        or (isinstance(labels, torch.Tensor) and labels.dim() != 1)
+    ):
+        raise TypeError(
+            f'get_fashion_mnist_labels: labels must be a list or 1-d tensor of class indices 0..9, got {labels!r}'
+        )
     labels = labels.tolist() if isinstance(labels, torch.Tensor) else list(labels)
     odd = [i for i in labels if isinstance(i, bool) or not isinstance(i, int)]
     if odd:
-        raise TypeError(f'get_fashion_mnist_labels: labels must be class indices (ints), got '
-                        f'{odd[0]!r}')
+        raise TypeError(f'get_fashion_mnist_labels: labels must be class indices (ints), got {odd[0]!r}')
     bad = [i for i in labels if not 0 <= i < len(TEXT_LABELS)]
     if bad:
-        raise ValueError(f'get_fashion_mnist_labels: Fashion-MNIST labels are 0..'
-                         f'{len(TEXT_LABELS) - 1}, got {bad[:5]}')
+        raise ValueError(f'get_fashion_mnist_labels: Fashion-MNIST labels are 0..{len(TEXT_LABELS) - 1}, got {bad[:5]}')
     return [TEXT_LABELS[i] for i in labels]
 
 
@@ -61,9 +71,11 @@ def offline():
 
 # --------------------------------------------------------- the real data set
 
+
 def _prepare_real(root):
     """Return the raw folder of the real data set, downloading it if needed."""
     import torchvision
+
     raw = root / 'FashionMNIST' / 'raw'
     if _real_problem(raw) is None:
         return raw
@@ -72,8 +84,7 @@ def _prepare_real(root):
         if problem is None:
             return raw
         if any((raw / n).exists() for n in FILES):
-            print(f'Fashion-MNIST in {raw} is damaged ({problem}); downloading it again.',
-                  file=sys.stderr)
+            print(f'Fashion-MNIST in {raw} is damaged ({problem}); downloading it again.', file=sys.stderr)
         # Download into a scratch root and move each checked file into place, so
         # an interrupted download never leaves a half-written file behind.
         with tempfile.TemporaryDirectory(dir=root / 'FashionMNIST', prefix='.download-') as scratch:
@@ -101,14 +112,18 @@ def fashion_mnist_source(root=None):
 
 def _warn_standin(reason):
     bar = '!' * 78
-    print(f'{bar}\n! Using the generated Fashion-MNIST STAND-IN, not the real data set.\n'
-          f'! Reason: {reason}\n'
-          f'! Shapes and classes match, accuracies will not. For the real data, go\n'
-          f'! online and unset D2LPAR_OFFLINE, or copy the four IDX files into\n'
-          f'! data/FashionMNIST/raw/ (see data/README.md).\n{bar}', file=sys.stderr)
+    print(
+        f'{bar}\n! Using the generated Fashion-MNIST STAND-IN, not the real data set.\n'
+        f'! Reason: {reason}\n'
+        f'! Shapes and classes match, accuracies will not. For the real data, go\n'
+        f'! online and unset D2LPAR_OFFLINE, or copy the four IDX files into\n'
+        f'! data/FashionMNIST/raw/ (see data/README.md).\n{bar}',
+        file=sys.stderr,
+    )
 
 
 # ------------------------------------------------------------------ loading
+
 
 class TensorLoader:
     """Iterate over minibatches of in-memory tensors (a light DataLoader).
@@ -118,10 +133,11 @@ class TensorLoader:
     """
 
     def __init__(self, X, y, batch_size, shuffle=False, resize=None):
-        if not isinstance(X, torch.Tensor) or not isinstance(y, torch.Tensor) \
-                or X.dim() == 0 or y.dim() == 0:
-            raise TypeError(f'TensorLoader: X and y must be tensors with a batch dimension, got '
-                            f'{type(X).__name__} and {type(y).__name__}')
+        if not isinstance(X, torch.Tensor) or not isinstance(y, torch.Tensor) or X.dim() == 0 or y.dim() == 0:
+            raise TypeError(
+                f'TensorLoader: X and y must be tensors with a batch dimension, got '
+                f'{type(X).__name__} and {type(y).__name__}'
+            )
         positive_int(batch_size, 'TensorLoader: batch_size')
         if len(X) != len(y):
             raise ValueError(f'X has {len(X)} rows but y has {len(y)}')
@@ -132,11 +148,13 @@ class TensorLoader:
         if isinstance(resize, int) and not isinstance(resize, bool):
             resize = (resize, resize)
         if resize is not None and not (
-                isinstance(resize, (tuple, list)) and len(resize) == 2
-                and all(isinstance(r, int) and not isinstance(r, bool) and r > 0
-                        for r in resize)):
-            raise ValueError(f'resize must be None, a positive int or a (height, width) pair '
-                             f'of positive ints, got {resize!r}')
+            isinstance(resize, (tuple, list))
+            and len(resize) == 2
+            and all(isinstance(r, int) and not isinstance(r, bool) and r > 0 for r in resize)
+        ):
+            raise ValueError(
+                f'resize must be None, a positive int or a (height, width) pair of positive ints, got {resize!r}'
+            )
         self.resize = resize
 
     def __len__(self):
@@ -147,9 +165,9 @@ class TensorLoader:
         order = torch.randperm(n) if self.shuffle else None
         for i in range(0, n, self.batch_size):
             if order is None:
-                X, y = self.X[i:i + self.batch_size], self.y[i:i + self.batch_size]
+                X, y = self.X[i : i + self.batch_size], self.y[i : i + self.batch_size]
             else:
-                idx = order[i:i + self.batch_size]
+                idx = order[i : i + self.batch_size]
                 X, y = self.X[idx], self.y[idx]
             if self.resize:
                 X = F.interpolate(X, size=self.resize, mode='bilinear', align_corners=False)
@@ -158,6 +176,7 @@ class TensorLoader:
 
 def _read(raw, train):
     import torchvision
+
     # torchvision reads ROOT/FashionMNIST/raw; both our layouts end that way.
     ds = torchvision.datasets.FashionMNIST(raw.parent.parent, train=train, download=False)
     if int(ds.targets.max()) > 9:
@@ -178,8 +197,7 @@ def prepare_fashion_mnist(root=None):
     for folder in (root / 'FashionMNIST', root / 'standin' / 'FashionMNIST'):
         removed = _remove_leftovers(folder)
         if removed:
-            print(f'Removed what an interrupted write left in {folder}: {", ".join(removed)}',
-                  file=sys.stderr)
+            print(f'Removed what an interrupted write left in {folder}: {", ".join(removed)}', file=sys.stderr)
     real = root / 'FashionMNIST' / 'raw'
     damage = _real_problem(real) if any((real / n).exists() for n in FILES) else None
     if damage is None and real.is_dir() and all((real / n).exists() for n in FILES):
@@ -205,5 +223,7 @@ def load_data_fashion_mnist(batch_size, resize=None, root=None):
     positive_int(batch_size, 'batch_size')
     raw = prepare_fashion_mnist(root)
     train, test = _read(raw, True), _read(raw, False)
-    return (TensorLoader(*train, batch_size, shuffle=True, resize=resize),
-            TensorLoader(*test, batch_size, shuffle=False, resize=resize))
+    return (
+        TensorLoader(*train, batch_size, shuffle=True, resize=resize),
+        TensorLoader(*test, batch_size, shuffle=False, resize=resize),
+    )

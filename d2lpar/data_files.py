@@ -3,6 +3,7 @@
 d2lpar/data.py loads Fashion-MNIST; this module checks the IDX files it reads and generates
 the offline stand-in (same files, same shapes, announced loudly wherever it is used).
 """
+
 import contextlib
 import hashlib
 import math
@@ -29,6 +30,7 @@ STANDIN_SEED = 20240601
 
 
 # ---------------------------------------------------------------- IDX files
+
 
 def _idx_bytes(array, magic):
     header = struct.pack('>I', magic) + b''.join(struct.pack('>I', d) for d in array.shape)
@@ -82,11 +84,11 @@ def _real_problem(raw):
         if sum(counts) != len(labels):
             return f'{name} holds labels outside 0..9'
         if counts != [per_class] * 10:
-            return (f'{name} has {counts} labels of classes 0..9; Fashion-MNIST has '
-                    f'{per_class} of each')
+            return f'{name} has {counts} labels of classes 0..9; Fashion-MNIST has {per_class} of each'
     archives = [a for a in raw.glob('*.gz')]
     if archives:
         from torchvision.datasets import FashionMNIST
+
         for archive, md5 in FashionMNIST.resources:
             if (raw / archive).is_file() and _digest(raw / archive, 'md5') != md5:
                 return f'{archive} does not match the MD5 torchvision records for it ({md5})'
@@ -171,13 +173,14 @@ def _lock(directory):
 
 # ------------------------------------------------------------- the stand-in
 
+
 def _box(yy, xx, top, bottom, left, right):
     return ((yy >= top) & (yy < bottom) & (xx >= left) & (xx < right)).float()
 
 
 def _silhouettes():
     """Return ten 28x28 templates, crude outlines of the ten Fashion-MNIST classes."""
-    yy, xx = torch.meshgrid(torch.arange(28.), torch.arange(28.), indexing='ij')
+    yy, xx = torch.meshgrid(torch.arange(28.0), torch.arange(28.0), indexing='ij')
     torso = _box(yy, xx, 5, 25, 8, 20)
     short_sleeves = _box(yy, xx, 5, 11, 3, 25)
     long_sleeves = _box(yy, xx, 5, 24, 3, 7) + _box(yy, xx, 5, 24, 21, 25) + _box(yy, xx, 5, 8, 3, 25)
@@ -188,17 +191,19 @@ def _silhouettes():
     dress = ((yy >= 4) & (yy < 26) & ((xx - 13.5).abs() < half_width)).float()
     sole = _box(yy, xx, 20, 23, 2, 26)
     templates = [
-        torso + short_sleeves,                                        # t-shirt
+        torso + short_sleeves,  # t-shirt
         _box(yy, xx, 3, 26, 8, 13) + _box(yy, xx, 3, 26, 15, 20) + _box(yy, xx, 3, 7, 8, 20),
-        torso + long_sleeves,                                         # pullover
-        dress,                                                        # dress
-        torso + long_sleeves - 0.8 * opening,                         # coat
-        sole + _box(yy, xx, 14, 16, 4, 24) + _box(yy, xx, 17, 19, 6, 22),   # sandal
-        torso + long_sleeves + 0.6 * collar - 0.7 * buttons,          # shirt
+        torso + long_sleeves,  # pullover
+        dress,  # dress
+        torso + long_sleeves - 0.8 * opening,  # coat
+        sole + _box(yy, xx, 14, 16, 4, 24) + _box(yy, xx, 17, 19, 6, 22),  # sandal
+        torso + long_sleeves + 0.6 * collar - 0.7 * buttons,  # shirt
         sole + _box(yy, xx, 14, 20, 4, 24) + _box(yy, xx, 11, 14, 13, 24),  # sneaker
-        _box(yy, xx, 10, 25, 4, 24) + _box(yy, xx, 4, 10, 9, 11) + _box(yy, xx, 4, 10, 17, 19)
-        + _box(yy, xx, 4, 6, 9, 19),                                  # bag
-        sole + _box(yy, xx, 4, 20, 14, 24) + _box(yy, xx, 13, 20, 4, 14),   # ankle boot
+        _box(yy, xx, 10, 25, 4, 24)
+        + _box(yy, xx, 4, 10, 9, 11)
+        + _box(yy, xx, 4, 10, 17, 19)
+        + _box(yy, xx, 4, 6, 9, 19),  # bag
+        sole + _box(yy, xx, 4, 20, 14, 24) + _box(yy, xx, 13, 20, 4, 14),  # ankle boot
     ]
     templates = torch.stack(templates).clamp(0, 1).unsqueeze(1)
     return F.avg_pool2d(templates, 3, stride=1, padding=1)  # soften the edges
@@ -224,8 +229,7 @@ def _standin_images(labels, generator):
     theta[:, :, 2] = 0.1 * torch.randn(n, 2, generator=g)
     grid = F.affine_grid(theta, (n, 1, 28, 28), align_corners=False)
     images = F.grid_sample(_silhouettes()[labels], grid, align_corners=False)
-    texture = F.interpolate(torch.rand(n, 1, 7, 7, generator=g), size=(28, 28),
-                            mode='bilinear', align_corners=False)
+    texture = F.interpolate(torch.rand(n, 1, 7, 7, generator=g), size=(28, 28), mode='bilinear', align_corners=False)
     contrast = 0.5 + 0.5 * torch.rand(n, 1, 1, 1, generator=g)
     images = contrast * images * (0.4 + 0.8 * texture) + 0.15 * torch.randn(n, 1, 28, 28, generator=g)
     return (images.clamp(0, 1) * 255).round().to(torch.uint8).squeeze(1)
@@ -244,8 +248,10 @@ def make_standin(raw):
         # Relabel a few samples at random: the ceiling stays below 100%.
         flip = torch.rand(count, generator=g) < 0.03
         labels = torch.where(flip, torch.randint(0, 10, (count,), generator=g), labels)
-        for name, array, magic in ((f'{split}-images-idx3-ubyte', images, 0x803),
-                                   (f'{split}-labels-idx1-ubyte', labels.to(torch.uint8), 0x801)):
+        for name, array, magic in (
+            (f'{split}-images-idx3-ubyte', images, 0x803),
+            (f'{split}-labels-idx1-ubyte', labels.to(torch.uint8), 0x801),
+        ):
             _atomic_write(raw / name, _idx_bytes(array, magic))
             sums.append(f'{_sha256(raw / name)}  {name}\n')
     # The manifest is written last: its presence means all four files are whole.

@@ -5,10 +5,19 @@ generated from the notebook's `#@save` cells (edit the cell, then `make lib`); i
 are in d2lpar/checks/nb07_ddp_practice.py.
 It also re-exports what the notebook uses but does not teach, from d2lpar/helpers/.
 """
+
 from .helpers.probes import bf16_in_hardware, cxx_compiler, inductor_works, loader_pins
 from .helpers.profiling import overlap_report, plot_comm_timeline, profile_intervals
 from .lessons.nb07_ddp_practice import *  # noqa: F403
 from .lessons.nb07_ddp_practice import __all__ as _lesson
 
-__all__ = [*_lesson, 'cxx_compiler', 'inductor_works', 'loader_pins', 'bf16_in_hardware', 'profile_intervals',
-           'overlap_report', 'plot_comm_timeline']
+__all__ = [
+    *_lesson,
+    'cxx_compiler',
+    'inductor_works',
+    'loader_pins',
+    'bf16_in_hardware',
+    'profile_intervals',
+    'overlap_report',
+    'plot_comm_timeline',
+]

@@ -1,10 +1,20 @@
 """Devices: which GPUs exist, and device slots for demos that fall back honestly."""
+
 import os
 
 import torch
 
-__all__ = ['try_gpu', 'try_all_gpus', 'num_gpus', 'gpu_problem', 'device_slots',
-           'hardware_tier', 'synchronize', 'small_workload', 'env_flag']
+__all__ = [
+    'try_gpu',
+    'try_all_gpus',
+    'num_gpus',
+    'gpu_problem',
+    'device_slots',
+    'hardware_tier',
+    'synchronize',
+    'small_workload',
+    'env_flag',
+]
 
 
 def num_gpus():
@@ -22,18 +32,19 @@ def gpu_problem():
     count = torch.cuda.device_count()
     if count == 0 or torch.cuda.is_available():
         return None
-    return (f'torch.cuda.device_count() counts {count} GPU(s), but CUDA cannot start on them '
-            f'(torch.cuda.is_available() is False), so everything runs on the CPU. Most often '
-            f'the NVIDIA driver is older than this torch build (CUDA {torch.version.cuda}) '
-            f'needs: update the driver, or install a torch built for an older CUDA. torch\'s '
-            f'"CUDA initialization" warning, printed the first time CUDA was asked, says more.')
+    return (
+        f'torch.cuda.device_count() counts {count} GPU(s), but CUDA cannot start on them '
+        f'(torch.cuda.is_available() is False), so everything runs on the CPU. Most often '
+        f'the NVIDIA driver is older than this torch build (CUDA {torch.version.cuda}) '
+        f'needs: update the driver, or install a torch built for an older CUDA. torch\'s '
+        f'"CUDA initialization" warning, printed the first time CUDA was asked, says more.'
+    )
 
 
 def try_gpu(i=0):
     """Return the device of GPU `i` when this process can use it, else the CPU."""
     if not isinstance(i, int) or isinstance(i, bool):
-        raise TypeError(f'try_gpu(i) needs an int GPU index such as 0 or 1, got '
-                        f'{type(i).__name__} {i!r}')
+        raise TypeError(f'try_gpu(i) needs an int GPU index such as 0 or 1, got {type(i).__name__} {i!r}')
     # A negative index is no GPU: without the lower bound, try_gpu(-1) gave cuda:-1.
     if 0 <= i < num_gpus():
         return torch.device(f'cuda:{i}')
@@ -63,12 +74,16 @@ def device_slots(n, verbose=True):
         note = f'{n} slot(s) on {n} separate GPU(s)'
     elif gpus > 0:
         slots = [torch.device(f'cuda:{i % gpus}') for i in range(n)]
-        note = (f'asked for {n} slots but only {gpus} GPU(s) are visible: '
-                f'the slots share them, so results are exact but not faster')
+        note = (
+            f'asked for {n} slots but only {gpus} GPU(s) are visible: '
+            f'the slots share them, so results are exact but not faster'
+        )
     else:
         slots = [torch.device('cpu')] * n
-        note = (f'no GPU visible: {n} slot(s) on the CPU, holding '
-                f'independent copies; results are exact, the speed is the CPU\'s')
+        note = (
+            f'no GPU visible: {n} slot(s) on the CPU, holding '
+            f'independent copies; results are exact, the speed is the CPU\'s'
+        )
         problem = gpu_problem()
         if problem:
             note += f'\n  (no usable GPU: {problem})'
@@ -119,5 +134,4 @@ def env_flag(name):
         return False
     if value in ('1', 'true', 'yes', 'on'):
         return True
-    raise ValueError(f'{name}={os.environ[name]!r} is neither on nor off: set it to 1 (on) or '
-                     f'0 (off), or unset it')
+    raise ValueError(f'{name}={os.environ[name]!r} is neither on nor off: set it to 1 (on) or 0 (off), or unset it')

@@ -7,6 +7,7 @@ process started by SLURM's `srun` finds `SLURM_PROCID`, `SLURM_LOCALID`,
 the torchrun names, so one script serves both launchers. `dist_env` reads the
 result, and a process started by neither is rank 0 of a world of size 1.
 """
+
 import contextlib
 import datetime
 import functools
@@ -25,9 +26,19 @@ import torch
 from .devices import num_gpus
 from .saving import write_whole
 
-__all__ = ['DistEnv', 'dist_env', 'expand_nodelist', 'torch_env_from_slurm',
-           'pick_backend', 'rank_device', 'default_timeout', 'emit_result', 'exit_now',
-           'gloo_threads', 'count_calls']
+__all__ = [
+    'DistEnv',
+    'dist_env',
+    'expand_nodelist',
+    'torch_env_from_slurm',
+    'pick_backend',
+    'rank_device',
+    'default_timeout',
+    'emit_result',
+    'exit_now',
+    'gloo_threads',
+    'count_calls',
+]
 
 BACKENDS = ('gloo', 'nccl', 'mpi')
 DEFAULT_MASTER_PORT = 29500
@@ -37,6 +48,7 @@ RESULT_PREFIX = 'D2LPAR_RESULT '
 @dataclass(frozen=True)
 class DistEnv:
     """Where this process sits in a distributed job."""
+
     rank: int
     local_rank: int
     world_size: int
@@ -51,8 +63,9 @@ def _int_var(environ, name, minimum=0):
     try:
         number = int(value)
     except ValueError:
-        raise ValueError(f'environment variable {name}={value!r} is not an integer; '
-                         f'unset it or give it a whole number') from None
+        raise ValueError(
+            f'environment variable {name}={value!r} is not an integer; unset it or give it a whole number'
+        ) from None
     if number < minimum:
         raise ValueError(f'environment variable {name}={value!r} must be >= {minimum}')
     return number
@@ -85,8 +98,9 @@ def _expand_range_list(body, nodelist):
     for part in body.split(','):
         match = re.fullmatch(r'(\d+)(?:-(\d+))?', part.strip())
         if not match:
-            raise ValueError(f'bad range {part!r} in SLURM nodelist {nodelist!r}; '
-                             f'expected numbers like 3, 03-05 or 1,4-6')
+            raise ValueError(
+                f'bad range {part!r} in SLURM nodelist {nodelist!r}; expected numbers like 3, 03-05 or 1,4-6'
+            )
         lo, hi = match.group(1), match.group(2) or match.group(1)
         if int(hi) < int(lo):
             raise ValueError(f'range {part!r} in SLURM nodelist {nodelist!r} runs backwards')
@@ -144,8 +158,10 @@ def torch_env_from_slurm(environ=None, port=DEFAULT_MASTER_PORT):
     if nodelist is None and 'MASTER_ADDR' not in environ:
         missing.append('SLURM_NODELIST')
     if missing:
-        raise ValueError(f'SLURM_PROCID is set but {", ".join(missing)} is not: start the job '
-                         f'with srun (not by running the script inside sbatch directly)')
+        raise ValueError(
+            f'SLURM_PROCID is set but {", ".join(missing)} is not: start the job '
+            f'with srun (not by running the script inside sbatch directly)'
+        )
     rank = _int_var(environ, 'SLURM_PROCID')
     world_size = _int_var(environ, 'SLURM_NTASKS', 1)
     local_rank = _int_var(environ, 'SLURM_LOCALID')
@@ -153,9 +169,14 @@ def torch_env_from_slurm(environ=None, port=DEFAULT_MASTER_PORT):
         raise ValueError(f'SLURM_PROCID={rank} is not below SLURM_NTASKS={world_size}')
     local_world_size = _slurm_tasks_on_this_node(environ) or world_size
     master_addr = environ.get('MASTER_ADDR') or expand_nodelist(nodelist)[0]
-    return {'RANK': str(rank), 'WORLD_SIZE': str(world_size), 'LOCAL_RANK': str(local_rank),
-            'LOCAL_WORLD_SIZE': str(local_world_size), 'MASTER_ADDR': master_addr,
-            'MASTER_PORT': str(environ.get('MASTER_PORT', port))}
+    return {
+        'RANK': str(rank),
+        'WORLD_SIZE': str(world_size),
+        'LOCAL_RANK': str(local_rank),
+        'LOCAL_WORLD_SIZE': str(local_world_size),
+        'MASTER_ADDR': master_addr,
+        'MASTER_PORT': str(environ.get('MASTER_PORT', port)),
+    }
 
 
 def dist_env(environ=None):
@@ -168,22 +189,30 @@ def dist_env(environ=None):
             environ.update(slurm)
             source = 'slurm'
         else:
-            return DistEnv(0, 0, 1, 1, environ.get('MASTER_ADDR', '127.0.0.1'),
-                           _int_var(environ, 'MASTER_PORT') if 'MASTER_PORT' in environ
-                           else DEFAULT_MASTER_PORT, 'single')
+            return DistEnv(
+                0,
+                0,
+                1,
+                1,
+                environ.get('MASTER_ADDR', '127.0.0.1'),
+                _int_var(environ, 'MASTER_PORT') if 'MASTER_PORT' in environ else DEFAULT_MASTER_PORT,
+                'single',
+            )
     if 'WORLD_SIZE' not in environ:
-        raise ValueError('RANK is set but WORLD_SIZE is not: launch with torchrun, '
-                         'or set both (and LOCAL_RANK, MASTER_ADDR, MASTER_PORT)')
+        raise ValueError(
+            'RANK is set but WORLD_SIZE is not: launch with torchrun, '
+            'or set both (and LOCAL_RANK, MASTER_ADDR, MASTER_PORT)'
+        )
     rank = _int_var(environ, 'RANK')
     world_size = _int_var(environ, 'WORLD_SIZE', 1)
     if rank >= world_size:
         raise ValueError(f'RANK={rank} must be below WORLD_SIZE={world_size}')
     local_rank = _int_var(environ, 'LOCAL_RANK') if 'LOCAL_RANK' in environ else 0
-    local_world_size = (_int_var(environ, 'LOCAL_WORLD_SIZE', 1)
-                        if 'LOCAL_WORLD_SIZE' in environ else world_size)
+    local_world_size = _int_var(environ, 'LOCAL_WORLD_SIZE', 1) if 'LOCAL_WORLD_SIZE' in environ else world_size
     port = _int_var(environ, 'MASTER_PORT', 1) if 'MASTER_PORT' in environ else DEFAULT_MASTER_PORT
-    return DistEnv(rank, local_rank, world_size, local_world_size,
-                   environ.get('MASTER_ADDR', '127.0.0.1'), port, source)
+    return DistEnv(
+        rank, local_rank, world_size, local_world_size, environ.get('MASTER_ADDR', '127.0.0.1'), port, source
+    )
 
 
 def pick_backend(local_world_size=1, override=None):
@@ -195,29 +224,35 @@ def pick_backend(local_world_size=1, override=None):
     """
     choice = override or os.environ.get('D2LPAR_BACKEND') or None
     import torch.distributed as dist
+
     gpus = num_gpus()
     if choice is not None:
         if choice not in BACKENDS:
             raise ValueError(f'unknown backend {choice!r}; choose one of {BACKENDS}')
         if choice == 'nccl' and gpus < local_world_size:
-            raise ValueError(f'backend nccl needs one GPU per process: {local_world_size} '
-                             f'local process(es) but {gpus} usable GPU(s) visible; '
-                             f'use gloo or fewer processes per node')
+            raise ValueError(
+                f'backend nccl needs one GPU per process: {local_world_size} '
+                f'local process(es) but {gpus} usable GPU(s) visible; '
+                f'use gloo or fewer processes per node'
+            )
         if choice == 'nccl' and not dist.is_nccl_available():
-            raise ValueError('backend nccl is not built into this torch (it exists on Linux '
-                             'CUDA builds only); use gloo')
+            raise ValueError(
+                'backend nccl is not built into this torch (it exists on Linux CUDA builds only); use gloo'
+            )
         return choice
-    if (sys.platform.startswith('linux') and dist.is_nccl_available()
-            and gpus >= local_world_size > 0):
+    if sys.platform.startswith('linux') and dist.is_nccl_available() and gpus >= local_world_size > 0:
         return 'nccl'
     if 0 < gpus < local_world_size and 'SLURM_JOB_ID' in os.environ:
         # Not the 1-GPU laptop case: under SLURM, a job that binds one GPU to each task
         # (--gpus-per-task=1, --gpu-bind) shows each process only its own GPU.
-        warnings.warn(f'pick_backend: {local_world_size} processes on this node, but this '
-                      f'process sees {gpus} GPU(s), so the ranks use gloo on the CPU. Under '
-                      'SLURM with one GPU bound per task every task sees only its own GPU: ask '
-                      'for the node\'s GPUs without a per-task binding (--gpus-per-node=N), or '
-                      'set D2LPAR_BACKEND=gloo to choose the CPU on purpose.', stacklevel=2)
+        warnings.warn(
+            f'pick_backend: {local_world_size} processes on this node, but this '
+            f'process sees {gpus} GPU(s), so the ranks use gloo on the CPU. Under '
+            'SLURM with one GPU bound per task every task sees only its own GPU: ask '
+            'for the node\'s GPUs without a per-task binding (--gpus-per-node=N), or '
+            'set D2LPAR_BACKEND=gloo to choose the CPU on purpose.',
+            stacklevel=2,
+        )
     return 'gloo'
 
 
@@ -248,8 +283,7 @@ def default_timeout(seconds=None):
 def _to_json(value):
     if isinstance(value, torch.Tensor):
         return value.detach().cpu().tolist()
-    raise TypeError(f'emit_result cannot store a {type(value).__name__}; '
-                    f'use numbers, strings, lists, dicts or tensors')
+    raise TypeError(f'emit_result cannot store a {type(value).__name__}; use numbers, strings, lists, dicts or tensors')
 
 
 def _brief(value):
@@ -273,8 +307,7 @@ def emit_result(obj=None, **fields):
     text = json.dumps(record, default=_to_json)
     directory = os.environ.get('D2LPAR_RESULT_DIR')
     if not directory:  # run by hand: say what would have been handed back, briefly
-        print(RESULT_PREFIX + ', '.join(f'{k}={_brief(v)}' for k, v in record.items()),
-              flush=True)
+        print(RESULT_PREFIX + ', '.join(f'{k}={_brief(v)}' for k, v in record.items()), flush=True)
         return record
     name = f'{record["rank"]}-{time.time_ns()}-{os.getpid()}.json'
     write_whole(os.path.join(directory, name), text)  # the launcher reads every *.json it finds
@@ -301,6 +334,7 @@ def exit_now(code=0):
     logging.shutdown()  # flush and close the logging handlers, which os._exit would not
     try:
         import ctypes
+
         ctypes.CDLL(None).fflush(None)
     except (OSError, AttributeError):  # no C library to ask (an unusual platform)
         pass
@@ -337,12 +371,16 @@ def count_calls(names=('send', 'recv', 'isend', 'irecv', 'all_reduce')):
     """
     import torch.distributed as dist
     from torch.distributed import distributed_c10d
+
     counts = {name: {'calls': 0, 'bytes': 0} for name in names}
     originals = {name: getattr(dist, name) for name in names}
     # P2POp accepts only an op that `is` distributed_c10d's isend or irecv, and
     # batch_isend_irecv tells them apart the same way: wrap them there too.
-    inner = {name: getattr(distributed_c10d, name) for name in names
-             if getattr(distributed_c10d, name, None) is originals[name]}
+    inner = {
+        name: getattr(distributed_c10d, name)
+        for name in names
+        if getattr(distributed_c10d, name, None) is originals[name]
+    }
 
     inside = threading.local()  # torch's send calls its isend (2.15): count the outer call only
 
@@ -358,6 +396,7 @@ def count_calls(names=('send', 'recv', 'isend', 'irecv', 'all_reduce')):
                 return originals[name](tensor, *args, **kwargs)
             finally:
                 inside.call = False
+
         return call
 
     for name in names:

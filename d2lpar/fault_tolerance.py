@@ -3,4 +3,5 @@
 The name notebooks and scripts import. What the notebook teaches is generated into
 d2lpar/lessons/nb15_fault_tolerance.py (edit the notebook's `#@save` cell, then `make lib`).
 """
+
 from .lessons.nb15_fault_tolerance import *  # noqa: F403

@@ -4,6 +4,7 @@ The name notebooks and scripts import. What the notebook teaches is generated in
 d2lpar/lessons/nb11_fsdp2.py (edit the notebook's `#@save` cell, then `make lib`), its argument
 checks live in d2lpar/checks/.
 """
+
 from .lessons.nb11_fsdp2 import *  # noqa: F403
 from .lessons.nb11_fsdp2 import __all__ as _nb11
 

@@ -44,6 +44,7 @@ launches of Python processes that have died left behind. `launched_processes()`
 lists what is left (it should be nothing) and `end_processes` ends it; both read
 /proc on Linux and `ps` elsewhere. Windows is not supported (use WSL there).
 """
+
 import errno
 import json
 import os
@@ -64,8 +65,15 @@ from .launch_output import LaunchResult, _Streams, _stream_name
 from .ports import free_port, loopback_interface, port_is_free
 from .processes import MARKER, _end_orphans, _wait_until, end_processes, environment, launched_processes
 
-__all__ = ['LaunchResult', 'launch', 'free_port', 'port_is_free', 'launched_processes',
-           'end_processes', 'loopback_interface']
+__all__ = [
+    'LaunchResult',
+    'launch',
+    'free_port',
+    'port_is_free',
+    'launched_processes',
+    'end_processes',
+    'loopback_interface',
+]
 
 LAUNCHERS = ('torchrun', 'python', 'torch.distributed.launch')
 
@@ -76,23 +84,27 @@ _RANK_SHIM = Path(__file__).with_name('programs') / 'rank_shim.py'
 _AGENT_WRAPPER = Path(__file__).with_name('programs') / 'start_agent.py'
 
 
-
 # ---------------------------------------------------------------- checking the arguments
+
 
 def _check_script(script):
     if not isinstance(script, (str, os.PathLike)):
         raise TypeError(f'script must be a path to a Python file, got {type(script).__name__}')
     path = Path(script).expanduser().resolve()
     if not path.is_file():
-        raise ValueError(f'no script at {str(script)!r} (looked in {path.parent}); '
-                         f'paths are relative to the working directory {os.getcwd()}')
+        raise ValueError(
+            f'no script at {str(script)!r} (looked in {path.parent}); '
+            f'paths are relative to the working directory {os.getcwd()}'
+        )
     return path
 
 
 def _check_args(args):
     if isinstance(args, (str, bytes)):
-        raise TypeError(f'args must be a list of strings, not one string {args!r}: '
-                        f'write args=[{", ".join(repr(a) for a in str(args).split())}]')
+        raise TypeError(
+            f'args must be a list of strings, not one string {args!r}: '
+            f'write args=[{", ".join(repr(a) for a in str(args).split())}]'
+        )
     try:
         args = list(args)
     except TypeError:
@@ -107,8 +119,9 @@ def _check_seconds(value, name):
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ValueError(f'{name} must be a positive number of seconds, got {value!r}')
     if value == float('inf'):  # a launch that may never end leaves its processes running
-        raise ValueError(f'{name} must be finite, got inf; for a long run pass a large '
-                         'number of seconds, such as 24 * 3600')
+        raise ValueError(
+            f'{name} must be finite, got inf; for a long run pass a large number of seconds, such as 24 * 3600'
+        )
     return float(value)
 
 
@@ -118,25 +131,40 @@ def _check_env(env):
 
 # ---------------------------------------------------------------- one launch
 
+
 def _commands(script, nproc, nnodes, args, launcher, port, work, max_restarts=0):
     """Return [(stream name, argv)] for the processes a launch starts."""
     shim = os.path.join(work, 'shim', script.name)  # so torchrun's reports name the script
     if launcher == 'python':
         return [('main', [sys.executable, '-u', shim, str(script), *args])]
     module = 'torch.distributed.run' if launcher == 'torchrun' else launcher
-    common = [sys.executable, '-m', module, f'--nproc-per-node={nproc}',
-              f'--log-dir={os.path.join(work, "torchelastic")}']
+    common = [
+        sys.executable,
+        '-m',
+        module,
+        f'--nproc-per-node={nproc}',
+        f'--log-dir={os.path.join(work, "torchelastic")}',
+    ]
     if max_restarts:
         common.append(f'--max-restarts={max_restarts}')
     tail = [shim, str(script), *args]
     if nnodes == 1:
-        return [(launcher, common + ['--nnodes=1', '--node-rank=0', '--master-addr=127.0.0.1',
-                                       f'--master-port={port}', *tail])]
+        return [
+            (
+                launcher,
+                common + ['--nnodes=1', '--node-rank=0', '--master-addr=127.0.0.1', f'--master-port={port}', *tail],
+            )
+        ]
     # The static form (--node-rank): with c10d, the first node would host the rendezvous
     # and the workers' store itself, listening on every interface.
-    return [(f'node{i}', common + [f'--nnodes={nnodes}', f'--node-rank={i}',
-                                   '--master-addr=127.0.0.1', f'--master-port={port}', *tail])
-            for i in range(nnodes)]
+    return [
+        (
+            f'node{i}',
+            common
+            + [f'--nnodes={nnodes}', f'--node-rank={i}', '--master-addr=127.0.0.1', f'--master-port={port}', *tail],
+        )
+        for i in range(nnodes)
+    ]
 
 
 def _wrapped(argv):
@@ -145,8 +173,14 @@ def _wrapped(argv):
 
 
 def _popen(argv, env):
-    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
 
 
 def _changes(env, base):
@@ -158,8 +192,7 @@ def _changes(env, base):
 
 def _shutdown(agents, launch_id, grace):
     """Stop a launch: SIGTERM torchrun, then end whatever carries the launch id, then kill."""
-    blocked = threading.current_thread() is threading.main_thread() and hasattr(
-        signal, 'pthread_sigmask')
+    blocked = threading.current_thread() is threading.main_thread() and hasattr(signal, 'pthread_sigmask')
     if blocked:  # a second interrupt must not cut the clean-up short; it is raised after
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
@@ -167,8 +200,7 @@ def _shutdown(agents, launch_id, grace):
             if agent.poll() is None:
                 agent.send_signal(signal.SIGTERM)
         _wait_until(lambda: all(a.poll() is not None for a in agents), grace)
-        end_processes([p for p in launched_processes(launch_id)
-                       if p.pid not in {a.pid for a in agents}], grace=2.0)
+        end_processes([p for p in launched_processes(launch_id) if p.pid not in {a.pid for a in agents}], grace=2.0)
         for agent in agents:
             if agent.poll() is None:
                 agent.kill()
@@ -208,6 +240,7 @@ def _loopback_store(port, timeout):
     import datetime
 
     import torch.distributed as dist
+
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         if os.name == 'posix':  # as TCPStore does: old TIME_WAIT connections do not count
@@ -220,9 +253,16 @@ def _loopback_store(port, timeout):
     port = sock.getsockname()[1]
     fd = sock.detach()  # the store owns the socket now and closes it when it ends
     try:
-        store = dist.TCPStore('127.0.0.1', port, None, True, wait_for_workers=False,
-                              multi_tenant=True, master_listen_fd=fd,
-                              timeout=datetime.timedelta(seconds=timeout))
+        store = dist.TCPStore(
+            '127.0.0.1',
+            port,
+            None,
+            True,
+            wait_for_workers=False,
+            multi_tenant=True,
+            master_listen_fd=fd,
+            timeout=datetime.timedelta(seconds=timeout),
+        )
     except BaseException:
         os.close(fd)
         raise
@@ -241,10 +281,9 @@ def _collect_exits(exit_dir):
     return exits
 
 
-def _launch_once(script, nproc, nnodes, args, timeout, env, echo, launcher, port, grace,
-                 max_restarts=0):
+def _launch_once(script, nproc, nnodes, args, timeout, env, echo, launcher, port, grace, max_restarts=0):
     work = tempfile.mkdtemp(prefix='d2lpar-launch-')
-    suffix = os.path.basename(work)[len('d2lpar-launch-'):]
+    suffix = os.path.basename(work)[len('d2lpar-launch-') :]
     launch_id = f'{os.getpid()}-{suffix}-{uuid.uuid4().hex[:6]}'
     agents, readers = [], []
     streams = None
@@ -265,22 +304,32 @@ def _launch_once(script, nproc, nnodes, args, timeout, env, echo, launcher, port
             stores.append(store)
             del store
         except OSError as e:
-            streams.add('d2lpar.launch', f'cannot listen on 127.0.0.1:{port}: {e.strerror} '
-                                         f'({errno.errorcode.get(e.errno, e.errno)}): another '
-                                         f'program uses that port; pass another port, or '
-                                         f'port=None for a free one')
+            streams.add(
+                'd2lpar.launch',
+                f'cannot listen on 127.0.0.1:{port}: {e.strerror} '
+                f'({errno.errorcode.get(e.errno, e.errno)}): another '
+                f'program uses that port; pass another port, or '
+                f'port=None for a free one',
+            )
             return LaunchResult(1, streams.output, [], False, port, [], 0.0, launch_id)
         child_env = dict(os.environ)
-        child_env.update({'OMP_NUM_THREADS': '1', MARKER: launch_id,
-                          'D2LPAR_LOG_DIR': log_dir, 'D2LPAR_RESULT_DIR': result_dir,
-                          'D2LPAR_EXIT_DIR': exit_dir,
-                          'D2LPAR_DIST_TIMEOUT': f'{max(1.0, 0.75 * timeout):g}',
-                          'TORCH_ELASTIC_SHUTDOWN_TIMEOUT': str(max(1, int(grace / 2))),
-                          # Everything on loopback: the store (see _loopback_store), and the
-                          # sockets gloo and NCCL open between ranks.
-                          'MASTER_ADDR': '127.0.0.1', 'MASTER_PORT': str(port),
-                          'GLOO_SOCKET_IFNAME': loopback_interface(),
-                          'NCCL_SOCKET_IFNAME': loopback_interface()})
+        child_env.update(
+            {
+                'OMP_NUM_THREADS': '1',
+                MARKER: launch_id,
+                'D2LPAR_LOG_DIR': log_dir,
+                'D2LPAR_RESULT_DIR': result_dir,
+                'D2LPAR_EXIT_DIR': exit_dir,
+                'D2LPAR_DIST_TIMEOUT': f'{max(1.0, 0.75 * timeout):g}',
+                'TORCH_ELASTIC_SHUTDOWN_TIMEOUT': str(max(1, int(grace / 2))),
+                # Everything on loopback: the store (see _loopback_store), and the
+                # sockets gloo and NCCL open between ranks.
+                'MASTER_ADDR': '127.0.0.1',
+                'MASTER_PORT': str(port),
+                'GLOO_SOCKET_IFNAME': loopback_interface(),
+                'NCCL_SOCKET_IFNAME': loopback_interface(),
+            }
+        )
         if launcher != 'python':
             # Only torchrun's agents and ranks look for the launcher's store. A plain script
             # (mp.spawn with its own tcp:// address) must host its own: torch 2.13 applies
@@ -299,8 +348,7 @@ def _launch_once(script, nproc, nnodes, args, timeout, env, echo, launcher, port
             started.append(_wrapped(argv))
             agent = _popen(started[-1], child_env)
             agents.append(agent)
-            reader = threading.Thread(target=streams.read_pipe, args=(name, agent.stdout),
-                                      daemon=True)
+            reader = threading.Thread(target=streams.read_pipe, args=(name, agent.stdout), daemon=True)
             reader.start()
             readers.append(reader)
         deadline = start + timeout
@@ -327,20 +375,42 @@ def _launch_once(script, nproc, nnodes, args, timeout, env, echo, launcher, port
                 reader.join(timeout=5)
             if streams is not None and os.path.isdir(os.path.join(work, 'logs')):
                 streams.pump(final=True)
-            results = (_collect_results(os.path.join(work, 'results'))
-                       if os.path.isdir(os.path.join(work, 'results')) else [])
+            results = (
+                _collect_results(os.path.join(work, 'results')) if os.path.isdir(os.path.join(work, 'results')) else []
+            )
             exits = _collect_exits(os.path.join(work, 'exits'))
         finally:
             shutil.rmtree(work, ignore_errors=True)
     codes = [agent.returncode for agent in agents]
     returncode = next((c for c in codes if c != 0), 0)
-    return LaunchResult(returncode, streams.output, results, timed_out, port,
-                        [shlex.join(argv) for argv in started],
-                        time.monotonic() - start, launch_id, exits, env_changes)
+    return LaunchResult(
+        returncode,
+        streams.output,
+        results,
+        timed_out,
+        port,
+        [shlex.join(argv) for argv in started],
+        time.monotonic() - start,
+        launch_id,
+        exits,
+        env_changes,
+    )
 
 
-def launch(script, nproc=2, args=(), timeout=120, env=None, echo=True, *, nnodes=1,
-           launcher='torchrun', port=None, grace=5.0, max_restarts=0):
+def launch(
+    script,
+    nproc=2,
+    args=(),
+    timeout=120,
+    env=None,
+    echo=True,
+    *,
+    nnodes=1,
+    launcher='torchrun',
+    port=None,
+    grace=5.0,
+    max_restarts=0,
+):
     """Run `script` as `nproc` processes (per node) through torchrun; return a LaunchResult.
 
     Each rank's output is printed as it comes, prefixed by its rank (`echo`).
@@ -369,19 +439,22 @@ def launch(script, nproc=2, args=(), timeout=120, env=None, echo=True, *, nnodes
     if launcher not in LAUNCHERS:
         raise ValueError(f'launcher must be one of {LAUNCHERS}, got {launcher!r}')
     if launcher == 'python' and (nproc != 1 or nnodes != 1):
-        raise ValueError("launcher='python' starts one process: use nproc=1 and pass the "
-                         "number of workers to the script itself (e.g. args=['--nproc', '2'])")
-    if port is not None and (isinstance(port, bool) or not isinstance(port, int)
-                             or not 0 < port < 65536):
+        raise ValueError(
+            "launcher='python' starts one process: use nproc=1 and pass the "
+            "number of workers to the script itself (e.g. args=['--nproc', '2'])"
+        )
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536):
         raise ValueError(f'port must be an int in 1..65535 or None (pick a free one), got {port!r}')
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
-        raise ValueError(f'max_restarts must be an int >= 0 (how many times torchrun may restart '
-                         f'the group after a failure), got {max_restarts!r}')
+        raise ValueError(
+            f'max_restarts must be an int >= 0 (how many times torchrun may restart '
+            f'the group after a failure), got {max_restarts!r}'
+        )
     if launcher == 'python' and max_restarts:
-        raise ValueError("max_restarts needs torchrun: launcher='python' runs one plain process "
-                         "that nothing restarts; use launcher='torchrun'")
+        raise ValueError(
+            "max_restarts needs torchrun: launcher='python' runs one plain process "
+            "that nothing restarts; use launcher='torchrun'"
+        )
     if os.name != 'posix':
-        raise OSError('d2lpar.launch needs Linux or macOS (on Windows use WSL, or run '
-                      'torchrun yourself in a terminal)')
-    return _launch_once(script, nproc, nnodes, args, timeout, env, echo, launcher, port, grace,
-                        max_restarts)
+        raise OSError('d2lpar.launch needs Linux or macOS (on Windows use WSL, or run torchrun yourself in a terminal)')
+    return _launch_once(script, nproc, nnodes, args, timeout, env, echo, launcher, port, grace, max_restarts)

@@ -2,15 +2,18 @@
 
 d2lpar/launch.py runs the processes; this module holds what they leave to read.
 """
+
 import os
 import queue
 from dataclasses import dataclass, field
 
 _FORGIVEN_BIND = 'TORCHELASTIC_USE_AGENT_STORE is enabled so ignoring the error'
 
+
 @dataclass
 class LaunchResult:
     """What a launch did: exit status, each rank's output lines, results the ranks emitted."""
+
     returncode: int
     output: dict
     results: list
@@ -48,8 +51,9 @@ class LaunchResult:
 
     def text(self):
         """Return all output as prefixed lines, ranks first, then the launcher's streams."""
-        return '\n'.join(f'[{_label(name)}] {line}' for name in _stream_order(self.output)
-                         for line in self.output[name])
+        return '\n'.join(
+            f'[{_label(name)}] {line}' for name in _stream_order(self.output) for line in self.output[name]
+        )
 
     def check(self):
         """Raise RuntimeError with the output if the launch failed; return self otherwise."""
@@ -58,8 +62,9 @@ class LaunchResult:
             first = self.first_failure
             if first is not None:
                 why += f' (rank {first} failed first)'
-            tail = '\n'.join(f'[{_label(name)}] {line}' for name in _stream_order(self.output)
-                             for line in self.output[name][-15:])
+            tail = '\n'.join(
+                f'[{_label(name)}] {line}' for name in _stream_order(self.output) for line in self.output[name][-15:]
+            )
             what = self.commands[0] if self.commands else 'nothing started'
             raise RuntimeError(f'launch {why}: {what}\n(last lines of each stream)\n{tail}')
         return self
@@ -90,11 +95,9 @@ def _stream_order(output):
     return ranks + sorted(k for k in output if not isinstance(k, int))
 
 
-
 def _internal_frame(line):
     """Return True for the lines of a Python traceback other than its last (the error)."""
-    return (line.startswith(('Traceback (most recent call last)', '  File "', '    '))
-            or not line.strip('^~ '))
+    return line.startswith(('Traceback (most recent call last)', '  File "', '    ')) or not line.strip('^~ ')
 
 
 class _Streams:
@@ -125,7 +128,7 @@ class _Streams:
             except queue.Empty:
                 break
         for entry in sorted(os.listdir(self.log_dir)):
-            stem = entry[:-len('.log')]
+            stem = entry[: -len('.log')]
             name = _stream_name(stem)
             with open(os.path.join(self.log_dir, entry), 'rb') as f:
                 f.seek(self.offsets.get(entry, 0))
@@ -139,5 +142,3 @@ class _Streams:
                 self.add(name, rest.decode(errors='replace'))
             elif rest:
                 self.partial[entry] = rest
-
-

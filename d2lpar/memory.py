@@ -14,6 +14,7 @@ maximum is the peak, the number that decides whether a step fits.
 What it does not see: memory that C++ code allocates without creating a tensor
 (the gloo transport's own buffers, the allocator's caching and fragmentation).
 """
+
 import weakref
 
 import torch
@@ -52,9 +53,9 @@ def _local(t):
 class StepMemory(TorchDispatchMode):
     """Record the bytes of live tensor storages after every operation in the block.
 
-        with d2lpar.memory.StepMemory(net, opt) as mem:
-            ...one training step...
-        mem.peak, mem.timeline  # bytes; [(operation index, bytes)]
+    with d2lpar.memory.StepMemory(net, opt) as mem:
+        ...one training step...
+    mem.peak, mem.timeline  # bytes; [(operation index, bytes)]
     """
 
     def __init__(self, *held):
@@ -73,8 +74,7 @@ class StepMemory(TorchDispatchMode):
 
     def bytes(self):
         """Return the bytes of the storages alive now (at their current size)."""
-        return sum(s.nbytes() for s in (ref() for ref in list(self.storages.values()))
-                   if s is not None)
+        return sum(s.nbytes() for s in (ref() for ref in list(self.storages.values())) if s is not None)
 
     def sample(self, what=''):
         self.timeline.append((len(self.timeline), self.bytes()))

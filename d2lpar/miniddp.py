@@ -4,6 +4,7 @@ The name notebooks and scripts import. What the notebook teaches is generated in
 d2lpar/lessons/nb09_collectives.py (edit the notebook's `#@save` cell, then `make lib`), its
 argument checks live in d2lpar/checks/.
 """
+
 from .lessons.nb09_collectives import *  # noqa: F403
 from .lessons.nb09_collectives import __all__ as _nb09
 

@@ -6,6 +6,7 @@ are in d2lpar/checks/nb04_model_parallel.py.
 It also re-exports what the notebook uses but does not teach, from d2lpar/helpers/.
 (Notebook 13's torch.distributed.pipelining is d2lpar.pipelining.)
 """
+
 from .helpers.footprint import memory_footprint
 from .helpers.schedules import plot_schedule, schedule_problems
 from .lessons.nb04_model_parallel import *  # noqa: F403

@@ -6,6 +6,7 @@ are in d2lpar/checks/nb08_lenet_data_parallel.py.
 It also re-exports what the notebook uses but does not teach, from d2lpar/helpers/.
 d2lpar.parallel and d2lpar.training are this lesson's other old names.
 """
+
 from .checks.nb08_lenet_data_parallel import LENET_SHAPES
 from .helpers.d2l import Residual, accuracy, evaluate_accuracy_gpu
 from .lessons.nb08_lenet_data_parallel import *  # noqa: F403

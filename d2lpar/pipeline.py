@@ -2,5 +2,6 @@
 
 Not notebook 13's pipeline schedules: those are d2lpar.pipelining, after torch.distributed.pipelining.
 """
+
 from .model_parallel import *  # noqa: F403
 from .model_parallel import __all__  # noqa: F401

@@ -1,4 +1,5 @@
 """Plotting: an Animator that redraws one PNG in place while training runs."""
+
 import io
 
 __all__ = ['Animator', 'in_notebook']
@@ -24,11 +25,15 @@ def _limits(value, name):
     if value is None:
         return None
     value = _plain(value)
-    if (isinstance(value, (str, bytes)) or not hasattr(value, '__len__') or len(value) != 2
-            or any(v is not None and (isinstance(v, bool) or not isinstance(_plain(v), (int, float)))
-                   for v in value)):
-        raise ValueError(f'Animator: {name} must be None or a pair [low, high] of numbers '
-                         f'(None leaves that end free), got {value!r}')
+    if (
+        isinstance(value, (str, bytes))
+        or not hasattr(value, '__len__')
+        or len(value) != 2
+        or any(v is not None and (isinstance(v, bool) or not isinstance(_plain(v), (int, float))) for v in value)
+    ):
+        raise ValueError(
+            f'Animator: {name} must be None or a pair [low, high] of numbers (None leaves that end free), got {value!r}'
+        )
     return [_plain(v) for v in value]
 
 
@@ -42,19 +47,33 @@ class Animator:
     exist for d2l's signature and must stay 1.
     """
 
-    def __init__(self, xlabel=None, ylabel=None, legend=None, xlim=None,
-                 ylim=None, xscale='linear', yscale='linear',
-                 fmts=('-', 'm--', 'g-.', 'r:'), nrows=1, ncols=1, figsize=(3.5, 2.5),
-                 title=None):
+    def __init__(
+        self,
+        xlabel=None,
+        ylabel=None,
+        legend=None,
+        xlim=None,
+        ylim=None,
+        xscale='linear',
+        yscale='linear',
+        fmts=('-', 'm--', 'g-.', 'r:'),
+        nrows=1,
+        ncols=1,
+        figsize=(3.5, 2.5),
+        title=None,
+    ):
         for name, value in (('nrows', nrows), ('ncols', ncols)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f'Animator: {name} must be a positive int, got {value!r}')
         if (nrows, ncols) != (1, 1):  # d2l also draws only into the first subplot: say so
-            raise ValueError(f'Animator draws one plot, got nrows={nrows}, ncols={ncols}; make one '
-                             'Animator per plot (several lines go into one plot through legend=)')
+            raise ValueError(
+                f'Animator draws one plot, got nrows={nrows}, ncols={ncols}; make one '
+                'Animator per plot (several lines go into one plot through legend=)'
+            )
         xlim, ylim = _limits(xlim, 'xlim'), _limits(ylim, 'ylim')
         # A bare Figure avoids pyplot's global state and its auto-display.
         from matplotlib.figure import Figure
+
         self.fig = Figure(figsize=figsize)
         # As in d2l: a list of every subplot, and the lines are drawn in axes[0].
         self.axes = list(self.fig.subplots(nrows, ncols, squeeze=False).flat)
@@ -77,18 +96,22 @@ class Animator:
         if not isinstance(x, (list, tuple)):
             x = [x] * n
         for name, values, missing in (('x', x, ''), ('y', y, ' or None (no point)')):
-            odd = [v for v in values if (v is not None or not missing) and (
-                isinstance(v, bool) or not isinstance(_plain(v), (int, float)))]
+            odd = [
+                v
+                for v in values
+                if (v is not None or not missing) and (isinstance(v, bool) or not isinstance(_plain(v), (int, float)))
+            ]
             if odd:
-                raise TypeError(f'Animator.add: {name} must be numbers (one per line){missing}, '
-                                f'got {odd[0]!r}')
+                raise TypeError(f'Animator.add: {name} must be numbers (one per line){missing}, got {odd[0]!r}')
         x, y = [_plain(v) for v in x], [_plain(v) for v in y]
         if len(x) != n:
             raise ValueError(f'Animator.add: got {len(x)} x values for {n} y values')
         if self.X is None:
             if n > len(self.fmts):
-                raise ValueError(f'Animator.add: {n} lines but only {len(self.fmts)} formats '
-                                 f'in fmts={self.fmts!r}; pass one format per line')
+                raise ValueError(
+                    f'Animator.add: {n} lines but only {len(self.fmts)} formats '
+                    f'in fmts={self.fmts!r}; pass one format per line'
+                )
             self.X, self.Y = [[] for _ in range(n)], [[] for _ in range(n)]
         if n != len(self.Y):
             raise ValueError(f'Animator.add: this plot has {len(self.Y)} lines, got {n} values')
@@ -125,6 +148,7 @@ class Animator:
 
     def _show(self):
         from IPython.display import Image, display
+
         image = Image(data=self.png(), format='png')
         if self._handle is None:
             self._handle = display(image, display_id=True)

@@ -1,7 +1,9 @@
 """Ports and interfaces for a launch's rendezvous: free ports and the loopback interface."""
+
 import os
 import socket
 import sys
+
 
 def free_port(host='127.0.0.1'):
     """Return a TCP port on `host` that nothing listens on right now."""
@@ -30,4 +32,3 @@ def loopback_interface():
         if name.startswith('lo'):
             return name
     return 'lo0' if sys.platform == 'darwin' else 'lo'
-

@@ -4,6 +4,7 @@ Every process a launch starts carries D2LPAR_LAUNCH_ID=<launching pid>-<id> in
 its environment, so it can be found from its environment alone, even after
 its parent died: on Linux by reading /proc, elsewhere with BSD `ps -E`.
 """
+
 import os
 import signal
 import subprocess
@@ -48,24 +49,25 @@ def _linux_processes():
         for item in environ.split(b'\0'):
             if item.startswith(MARKER.encode() + b'='):
                 launch_id = item.split(b'=', 1)[1].decode(errors='replace')
-        cmd = (_read(f'/proc/{pid}/cmdline', 'rb') or b'').replace(b'\0', b' ').decode(
-            errors='replace').strip()
+        cmd = (_read(f'/proc/{pid}/cmdline', 'rb') or b'').replace(b'\0', b' ').decode(errors='replace').strip()
         table.append(ProcInfo(pid, stat[1], stat[2], launch_id, stat[3], cmd))
     return table
 
 
 def _ps_processes():
     # BSD ps (macOS) prints each process's environment after its command with -E.
-    out = subprocess.run(['ps', '-A', '-ww', '-E', '-o', 'pid=,ppid=,pgid=,stat=,command='],
-                         capture_output=True, text=True, timeout=10).stdout
+    out = subprocess.run(
+        ['ps', '-A', '-ww', '-E', '-o', 'pid=,ppid=,pgid=,stat=,command='], capture_output=True, text=True, timeout=10
+    ).stdout
     table = []
     for line in out.splitlines():
         parts = line.split(None, 4)
         if len(parts) < 5 or parts[3].startswith('Z'):
             continue
         marker = [w.split('=', 1)[1] for w in parts[4].split() if w.startswith(MARKER + '=')]
-        table.append(ProcInfo(int(parts[0]), int(parts[1]), int(parts[2]),
-                              marker[0] if marker else None, None, parts[4]))
+        table.append(
+            ProcInfo(int(parts[0]), int(parts[1]), int(parts[2]), marker[0] if marker else None, None, parts[4])
+        )
     return table
 
 
@@ -92,10 +94,8 @@ def environment(env):
     for key, value in env.items():
         if not isinstance(key, str) or not key or '=' in key:
             raise ValueError(f'bad environment variable name {key!r}')
-        if value is not None and (isinstance(value, bool)
-                                  or not isinstance(value, (str, int, float))):
-            raise TypeError(f'env[{key!r}] must be a string, a number or None (to unset it), '
-                            f'got {value!r}')
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (str, int, float))):
+            raise TypeError(f'env[{key!r}] must be a string, a number or None (to unset it), got {value!r}')
         checked[key] = None if value is None else str(value)
     return checked
 
@@ -105,8 +105,7 @@ def launched_processes(launch_id=None):
     if launch_id is None:
         launch_id = f'{os.getpid()}-'
     me = os.getpid()
-    return [p for p in _all_processes()
-            if p.launch_id and p.launch_id.startswith(launch_id) and p.pid != me]
+    return [p for p in _all_processes() if p.launch_id and p.launch_id.startswith(launch_id) and p.pid != me]
 
 
 def _same_process(p):
@@ -138,11 +137,12 @@ def _owner_alive(launch_id):
 
 def _end_orphans(say):
     """End processes of earlier launches whose launching process died (a killed kernel)."""
-    orphans = [p for p in _all_processes()
-               if p.launch_id and p.pid != os.getpid() and not _owner_alive(p.launch_id)]
+    orphans = [p for p in _all_processes() if p.launch_id and p.pid != os.getpid() and not _owner_alive(p.launch_id)]
     if orphans:
-        say(f'ending {len(orphans)} process(es) left by an earlier launch whose Python '
-            f'process is gone: {sorted(p.pid for p in orphans)}')
+        say(
+            f'ending {len(orphans)} process(es) left by an earlier launch whose Python '
+            f'process is gone: {sorted(p.pid for p in orphans)}'
+        )
         end_processes(orphans, grace=1.0)
 
 
@@ -170,8 +170,10 @@ def end_processes(procs, grace=3.0):
     procs = list(procs)
     odd = [p for p in procs if not isinstance(p, ProcInfo)]
     if odd:
-        raise TypeError(f'end_processes: pass the processes d2lpar.launched_processes() returns, '
-                        f'not {odd[0]!r} (to end one pid yourself: os.kill(pid, signal.SIGTERM))')
+        raise TypeError(
+            f'end_processes: pass the processes d2lpar.launched_processes() returns, '
+            f'not {odd[0]!r} (to end one pid yourself: os.kill(pid, signal.SIGTERM))'
+        )
     procs = [p for p in procs if p.pid != os.getpid()]
     if not procs or os.name != 'posix':
         return procs

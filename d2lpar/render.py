@@ -8,6 +8,7 @@ reported by the kernel that ran it: hardware tier, torch version, date,
 workload and which Fashion-MNIST it saw. `--small` renders with the test
 suite's small workload (D2LPAR_SMALL=1), for CI; the default is full size.
 """
+
 import argparse
 import datetime
 import html
@@ -95,8 +96,9 @@ def find_notebooks(notebooks_dir='notebooks', only=None, solutions=False):
     """Return the numbered notebooks of `notebooks_dir` in course order (and their solutions)."""
     folder = Path(notebooks_dir)
     if not folder.is_dir():
-        raise ValueError(f'render: {folder} is not a folder of notebooks; run from the '
-                         'repository root or pass --notebooks DIR')
+        raise ValueError(
+            f'render: {folder} is not a folder of notebooks; run from the repository root or pass --notebooks DIR'
+        )
     found = sorted(p for p in folder.glob('*.ipynb') if _NAME.match(p.name))
     if solutions:
         found += sorted((folder / 'solutions').glob('*.ipynb'))
@@ -104,8 +106,10 @@ def find_notebooks(notebooks_dir='notebooks', only=None, solutions=False):
         wanted = [Path(name).stem for name in only]
         unknown = [w for w in wanted if not any(p.stem == w for p in found)]
         if unknown:
-            raise ValueError(f'render: no notebook named {", ".join(unknown)} in {folder}; '
-                             f'choose from {", ".join(p.stem for p in found)}')
+            raise ValueError(
+                f'render: no notebook named {", ".join(unknown)} in {folder}; '
+                f'choose from {", ".join(p.stem for p in found)}'
+            )
         found = [p for p in found if p.stem in wanted]
     if not found:
         raise ValueError(f'render: {folder} holds no numbered notebooks (NN_name.ipynb)')
@@ -142,8 +146,9 @@ def execute_notebook(path, small=False, timeout=600, kernel_name='python3'):
 
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=timeout, kernel_name=kernel_name,
-                            resources={'metadata': {'path': str(path.parent.resolve())}})
+    client = NotebookClient(
+        nb, timeout=timeout, kernel_name=kernel_name, resources={'metadata': {'path': str(path.parent.resolve())}}
+    )
     error, setup = None, {}
     start = time.perf_counter()
     client.reset_execution_trackers()
@@ -193,12 +198,10 @@ def _first_output_lines(nb):
 
 
 def _data_note(nb, setup):
-    printed = '\n'.join(_text(o) for c in nb.cells if c.cell_type == 'code'
-                        for o in c.get('outputs', []))
+    printed = '\n'.join(_text(o) for c in nb.cells if c.cell_type == 'code' for o in c.get('outputs', []))
     if _STANDIN_WARNING in printed:
         return 'the generated Fashion-MNIST <b>stand-in</b> (not the real data set)'
-    if 'load_data_fashion_mnist' in '\n'.join(c.source for c in nb.cells
-                                              if c.cell_type == 'code'):
+    if 'load_data_fashion_mnist' in '\n'.join(c.source for c in nb.cells if c.cell_type == 'code'):
         return html.escape(setup.get('data', 'unknown'))
     return 'none'
 
@@ -208,20 +211,24 @@ def _banner(result, nb, stamp):
     if 'tier' in s:
         gpus = ', '.join(s['gpus']) or 'no GPU visible'
         mask = s.get('cuda_visible_devices')
-        hardware = (f'<b>{html.escape(s["tier"])}</b> ({html.escape(gpus)}'
-                    f'{", CUDA_VISIBLE_DEVICES=" + html.escape(mask) if mask is not None else ""})'
-                    f'; torch {html.escape(s["torch"])} (CUDA {html.escape(str(s["cuda"]))}), '
-                    f'Python {html.escape(s["python"])}')
-        workload = ('<b>small</b> (D2LPAR_SMALL=1, the quick run)' if s['small']
-                    else 'full size')
+        hardware = (
+            f'<b>{html.escape(s["tier"])}</b> ({html.escape(gpus)}'
+            f'{", CUDA_VISIBLE_DEVICES=" + html.escape(mask) if mask is not None else ""})'
+            f'; torch {html.escape(s["torch"])} (CUDA {html.escape(str(s["cuda"]))}), '
+            f'Python {html.escape(s["python"])}'
+        )
+        workload = '<b>small</b> (D2LPAR_SMALL=1, the quick run)' if s['small'] else 'full size'
     else:
         hardware = html.escape(s.get('error', 'unknown'))
         workload = 'unknown'
-    lines = [f'Executed on {hardware}, {stamp}, in {result.seconds:.0f} s.',
-             f'Workload: {workload}. Fashion-MNIST: {_data_note(nb, s)}.']
+    lines = [
+        f'Executed on {hardware}, {stamp}, in {result.seconds:.0f} s.',
+        f'Workload: {workload}. Fashion-MNIST: {_data_note(nb, s)}.',
+    ]
     if not result.ok:
-        lines.append(f'<b>Execution FAILED</b>: {html.escape(result.error)}. The page shows '
-                     'the outputs up to the failing cell.')
+        lines.append(
+            f'<b>Execution FAILED</b>: {html.escape(result.error)}. The page shows the outputs up to the failing cell.'
+        )
     css = 'd2lpar-banner' + ('' if result.ok else ' failed')
     return f'<div class="{css}">' + '<br>'.join(lines) + '</div>'
 
@@ -238,35 +245,40 @@ def _nav(results, k):
 def _export(nb, title, header, footer):
     from jinja2 import DictLoader
     from nbconvert import HTMLExporter
-    exporter = HTMLExporter(template_name='lab', template_file='d2lpar_page.html.j2',
-                            extra_loaders=[DictLoader({'d2lpar_page.html.j2': _PAGE_TEMPLATE})])
-    body, _ = exporter.from_notebook_node(nb, resources={
-        'metadata': {'name': title}, 'd2lpar_header': header, 'd2lpar_footer': footer,
-        'd2lpar_css': _CSS})
+
+    exporter = HTMLExporter(
+        template_name='lab',
+        template_file='d2lpar_page.html.j2',
+        extra_loaders=[DictLoader({'d2lpar_page.html.j2': _PAGE_TEMPLATE})],
+    )
+    body, _ = exporter.from_notebook_node(
+        nb,
+        resources={'metadata': {'name': title}, 'd2lpar_header': header, 'd2lpar_footer': footer, 'd2lpar_css': _CSS},
+    )
     return body
 
 
 def _table(results):
-    rows = ['<table class="d2lpar-index">',
-            '<tr><th>notebook</th><th>title</th><th>ran on (its first cell)</th><th>time</th>'
-            '<th>status</th></tr>']
+    rows = [
+        '<table class="d2lpar-index">',
+        '<tr><th>notebook</th><th>title</th><th>ran on (its first cell)</th><th>time</th><th>status</th></tr>',
+    ]
     for r in results:
         tier = html.escape(r.tier_line or '(the first cell printed no tier line)')
-        status = ('ok' if r.ok else
-                  f'<span class="d2lpar-status-failed">FAILED: {html.escape(r.error)}</span>')
-        rows.append(f'<tr><td><a href="{r.page}">{html.escape(r.source.stem)}</a></td>'
-                    f'<td>{_inline_code(r.title)}</td><td>{tier}</td>'
-                    f'<td class="d2lpar-time">{r.seconds:.0f} s</td><td>{status}</td></tr>')
+        status = 'ok' if r.ok else f'<span class="d2lpar-status-failed">FAILED: {html.escape(r.error)}</span>'
+        rows.append(
+            f'<tr><td><a href="{r.page}">{html.escape(r.source.stem)}</a></td>'
+            f'<td>{_inline_code(r.title)}</td><td>{tier}</td>'
+            f'<td class="d2lpar-time">{r.seconds:.0f} s</td><td>{status}</td></tr>'
+        )
     return '\n'.join(rows + ['</table>'])
 
 
 def _index(results, stamp, small, notebooks_dir):
     course = [r for r in results if r.source.parent.name != 'solutions']
     solutions = [r for r in results if r.source.parent.name == 'solutions']
-    extra = ('<h2>Reference solutions (for instructors)</h2>\n' + _table(solutions)
-             if solutions else '')
-    workload = ('the <b>small</b> workload (D2LPAR_SMALL=1, as in CI)' if small
-                else 'the full workload')
+    extra = '<h2>Reference solutions (for instructors)</h2>\n' + _table(solutions) if solutions else ''
+    workload = 'the <b>small</b> workload (D2LPAR_SMALL=1, as in CI)' if small else 'the full workload'
     return f'''<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -288,8 +300,16 @@ Each page opens with a banner saying what it was executed on.</p>
 '''
 
 
-def render_course(notebooks_dir='notebooks', out_dir='build/html', small=False, timeout=600,
-                  only=None, solutions=False, echo=print, cache=True):
+def render_course(
+    notebooks_dir='notebooks',
+    out_dir='build/html',
+    small=False,
+    timeout=600,
+    only=None,
+    solutions=False,
+    echo=print,
+    cache=True,
+):
     """Execute the notebooks and write a static site to `out_dir`; return a PageResult per notebook.
 
     A notebook that fails still gets a page (with the outputs up to the error,
@@ -302,16 +322,14 @@ def render_course(notebooks_dir='notebooks', out_dir='build/html', small=False, 
     from . import render_cache
 
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise ValueError(f'render: timeout must be a positive number of seconds per cell, '
-                         f'got {timeout!r}')
+        raise ValueError(f'render: timeout must be a positive number of seconds per cell, got {timeout!r}')
     paths = find_notebooks(notebooks_dir, only, solutions)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     stamp = datetime.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')
     results, executed = [], []
     for k, path in enumerate(paths, 1):
-        echo(f'[{k}/{len(paths)}] executing {path} ({"small" if small else "full"} workload)'
-             ' ...')
+        echo(f'[{k}/{len(paths)}] executing {path} ({"small" if small else "full"} workload) ...')
         nb = nbformat.read(path, as_version=4)
         key = render_cache.cache_key(nb, path, small)
         hit = render_cache.load(out / '.cache', path.stem, key, nb) if cache else None
@@ -323,47 +341,57 @@ def render_course(notebooks_dir='notebooks', out_dir='build/html', small=False, 
             if error is None:
                 render_cache.store(out / '.cache', path.stem, key, nb, setup, seconds)
         page = path.stem + '.html'
-        tier = next((line.strip() for line in _first_output_lines(nb)
-                     if line.startswith('hardware tier')), None)
+        tier = next((line.strip() for line in _first_output_lines(nb) if line.startswith('hardware tier')), None)
         result = PageResult(path, page, _title(nb, path), tier, setup, seconds, error)
         echo(f'      {"ok" if result.ok else "FAILED: " + error} in {seconds:.0f} s')
         results.append(result)
         executed.append(nb)
     for k, (result, nb) in enumerate(zip(results, executed)):
         nav = _nav(results, k)
-        write_whole(out / result.page, _export(nb, result.plain_title, nav + _banner(result, nb, stamp),
-                                          nav))
+        write_whole(out / result.page, _export(nb, result.plain_title, nav + _banner(result, nb, stamp), nav))
     write_whole(out / 'index.html', _index(results, stamp, small, notebooks_dir))
     failed = [r for r in results if not r.ok]
-    echo(f'wrote {out / "index.html"} and {len(results)} page(s)'
-         + (f'; {len(failed)} notebook(s) FAILED: {", ".join(r.source.stem for r in failed)}'
-            if failed else ''))
+    echo(
+        f'wrote {out / "index.html"} and {len(results)} page(s)'
+        + (f'; {len(failed)} notebook(s) FAILED: {", ".join(r.source.stem for r in failed)}' if failed else '')
+    )
     return results
 
 
 def add_arguments(parser):
     """Add the options of the html command to an argparse parser."""
-    parser.add_argument('--small', action='store_true',
-                        help='use the small workload of the test suite (D2LPAR_SMALL=1), for CI')
+    parser.add_argument(
+        '--small', action='store_true', help='use the small workload of the test suite (D2LPAR_SMALL=1), for CI'
+    )
     parser.add_argument('--out', default='build/html', help='output folder (default build/html)')
-    parser.add_argument('--notebooks', default='notebooks',
-                        help='folder of the numbered notebooks (default notebooks)')
-    parser.add_argument('--timeout', type=float, default=1800,
-                        help='seconds one cell may run before it counts as failed (default 1800)')
-    parser.add_argument('--no-cache', dest='cache', action='store_false',
-                        help='run every notebook, even one unchanged since its last run')
-    parser.add_argument('--solutions', action='store_true',
-                        help='also render notebooks/solutions/ (for instructors)')
-    parser.add_argument('only', nargs='*', metavar='NOTEBOOK',
-                        help='render only these notebooks, e.g. 01_single_device')
+    parser.add_argument('--notebooks', default='notebooks', help='folder of the numbered notebooks (default notebooks)')
+    parser.add_argument(
+        '--timeout', type=float, default=1800, help='seconds one cell may run before it counts as failed (default 1800)'
+    )
+    parser.add_argument(
+        '--no-cache',
+        dest='cache',
+        action='store_false',
+        help='run every notebook, even one unchanged since its last run',
+    )
+    parser.add_argument('--solutions', action='store_true', help='also render notebooks/solutions/ (for instructors)')
+    parser.add_argument(
+        'only', nargs='*', metavar='NOTEBOOK', help='render only these notebooks, e.g. 01_single_device'
+    )
 
 
 def run(args):
     """Run the html command from parsed arguments; return the exit status."""
     try:
-        results = render_course(args.notebooks, args.out, small=args.small,
-                                timeout=args.timeout, only=args.only, solutions=args.solutions,
-                                cache=args.cache)
+        results = render_course(
+            args.notebooks,
+            args.out,
+            small=args.small,
+            timeout=args.timeout,
+            only=args.only,
+            solutions=args.solutions,
+            cache=args.cache,
+        )
     except ValueError as e:
         print(e, file=sys.stderr)
         return 2
@@ -371,8 +399,7 @@ def run(args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog='python -m d2lpar.render', description=__doc__.split(
-        '\n')[0])
+    parser = argparse.ArgumentParser(prog='python -m d2lpar.render', description=__doc__.split('\n')[0])
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

@@ -5,6 +5,7 @@ the workload, the torch release, the D2LPAR_* settings, and every source file of
 and of notebooks/scripts (a change there can change any output). A hit grafts the stored
 outputs onto the notebook's code cells; only runs that succeeded are stored.
 """
+
 import hashlib
 import json
 import os
@@ -45,6 +46,7 @@ def load(cache_dir, stem, key, nb):
     if entry.get('key') != key or len(entry.get('cells', ())) != len(cells):
         return None
     import nbformat
+
     for cell, stored in zip(cells, entry['cells']):
         cell.outputs = [nbformat.from_dict(output) for output in stored['outputs']]
         cell.execution_count = stored['execution_count']
@@ -55,7 +57,10 @@ def store(cache_dir, stem, key, nb, setup, seconds):
     """Keep a successful run's outputs under `key`, written whole or not at all."""
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    cells = [{'outputs': cell.outputs, 'execution_count': cell.execution_count}
-             for cell in nb.cells if cell.cell_type == 'code']
+    cells = [
+        {'outputs': cell.outputs, 'execution_count': cell.execution_count}
+        for cell in nb.cells
+        if cell.cell_type == 'code'
+    ]
     text = json.dumps({'key': key, 'setup': setup, 'seconds': seconds, 'cells': cells})
     write_whole(cache_dir / f'{stem}.json', text)

@@ -12,6 +12,7 @@ learner who edits a saved cell and runs it sees the edit in the next launch.
 Cells run in the order the kernel ran them, so a cell run again later replaces
 its earlier definitions, exactly as in the kernel.
 """
+
 import ast
 import os
 import tempfile
@@ -32,7 +33,8 @@ def _kernel():
 
 def _is_import(node):
     return isinstance(node, (ast.Import, ast.ImportFrom)) and not (
-        isinstance(node, ast.ImportFrom) and node.module == '__future__')
+        isinstance(node, ast.ImportFrom) and node.module == '__future__'
+    )
 
 
 def _bound(alias, node):
@@ -55,16 +57,13 @@ def used_imports(cells, saved, module=None):
         except SyntaxError:  # a cell that failed to parse never defined anything
             continue
         imports += [node for node in tree.body if _is_import(node)]
-    used = {node.id for source in saved for node in ast.walk(ast.parse(source))
-            if isinstance(node, ast.Name)}
+    used = {node.id for source in saved for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Name)}
     lines = []
     for node in imports:
-        names = [node.module] if isinstance(node, ast.ImportFrom) else [
-            alias.name for alias in node.names]
+        names = [node.module] if isinstance(node, ast.ImportFrom) else [alias.name for alias in node.names]
         if module in names:
             continue
-        node.names = [alias for alias in node.names
-                      if alias.name == '*' or _bound(alias, node) in used]
+        node.names = [alias for alias in node.names if alias.name == '*' or _bound(alias, node) in used]
         line = ast.unparse(node)
         if node.names and line not in lines:
             lines.append(line)
@@ -94,9 +93,11 @@ def saved_source(cells, module=None):
 
 def write_whole(path, text):
     """Replace `path` with `text` atomically: a reader never sees half a file."""
+
     def write(tmp):
         with open(tmp, 'w', encoding='utf-8') as f:
             f.write(text)
+
     replace_whole(path, write)
 
 
@@ -124,15 +125,15 @@ def save_cells(path):
     """Write this notebook's `#@save` cells into module `path` and keep it current."""
     path = Path(path)
     if path.suffix != '.py' or not path.stem.isidentifier():
-        raise ValueError(f'save_cells: path must name a Python module such as work/steps.py, '
-                         f'got {str(path)!r}')
+        raise ValueError(f'save_cells: path must name a Python module such as work/steps.py, got {str(path)!r}')
     if not path.parent.is_dir():
-        raise ValueError(f'save_cells: folder {str(path.parent)!r} does not exist; create it '
-                         'first')
+        raise ValueError(f'save_cells: folder {str(path.parent)!r} does not exist; create it first')
     shell = _kernel()
     if shell is None or 'In' not in shell.user_ns:
-        raise RuntimeError('save_cells: runs inside a Jupyter or IPython kernel, which keeps the '
-                           'cells it ran; in a plain script, import the functions instead')
+        raise RuntimeError(
+            'save_cells: runs inside a Jupyter or IPython kernel, which keeps the '
+            'cells it ran; in a plain script, import the functions instead'
+        )
     path = path.resolve()
     # The cells run so far, then each cell as it finishes. Not `In` alone: a kernel driven
     # with store_history=False (nbval, some front ends) never adds to it.
@@ -149,8 +150,10 @@ def save_cells(path):
                 return  # nothing new to save
             if not path.parent.is_dir():  # the notebook removed its scratch folder at the end
                 events.unregister('post_run_cell', write)
-                print(f'save_cells: {path.parent} is gone, so {path.name} is no longer kept '
-                      'up to date; call d2lpar.save_cells again to start over')
+                print(
+                    f'save_cells: {path.parent} is gone, so {path.name} is no longer kept '
+                    'up to date; call d2lpar.save_cells again to start over'
+                )
                 return
         write_whole(path, saved_source(ran, module=path.stem))
 
@@ -183,8 +186,7 @@ def apply_diff(text, diff):
         elif not hunks:
             if line.startswith(('---', '+++')) or not line.strip():
                 continue  # file names of a full diff
-            raise ValueError(f'apply_diff: the diff must start with a hunk header "@@ -a,b +c,d @@", '
-                             f'got {line!r}')
+            raise ValueError(f'apply_diff: the diff must start with a hunk header "@@ -a,b +c,d @@", got {line!r}')
         elif line[:1] in (' ', '-', '+') or line == '':
             hunks[-1][2].append(line if line else ' ')
         else:
@@ -196,10 +198,12 @@ def apply_diff(text, diff):
         begin = max(start - 1, 0) if want else start  # "-12,0": insert after line 12
         if begin < at:
             raise ValueError(f'apply_diff: hunks must come in the order of the file: {header}')
-        if old[begin:begin + len(want)] != want:
-            found = old[begin:begin + len(want)]
-            raise ValueError(f'apply_diff: hunk {header} does not match the file at line {start}: '
-                             f'expected {want[:3]}..., the file has {found[:3]}...')
+        if old[begin : begin + len(want)] != want:
+            found = old[begin : begin + len(want)]
+            raise ValueError(
+                f'apply_diff: hunk {header} does not match the file at line {start}: '
+                f'expected {want[:3]}..., the file has {found[:3]}...'
+            )
         new += old[at:begin] + [line[1:] for line in lines if line[0] in ' +']
         at = begin + len(want)
     return ''.join(line + '\n' for line in new + old[at:])
@@ -209,10 +213,11 @@ def write_next(old, new, diff):
     """Write script `new`: script `old` changed by the unified diff `diff`; print what changed."""
     old, new = Path(old), Path(new)
     if not old.is_file():
-        raise ValueError(f'write_next: {str(old)!r} does not exist; run the cell that writes it '
-                         'first')
+        raise ValueError(f'write_next: {str(old)!r} does not exist; run the cell that writes it first')
     text = apply_diff(old.read_text(encoding='utf-8'), diff)
     write_whole(new, text)
     marks = [line[:1] for line in diff.splitlines() if not line.startswith(('---', '+++', '@@'))]
-    print(f'Writing {new.name}: {old.name} with {marks.count("+")} lines added, '
-          f'{marks.count("-")} removed ({len(text.splitlines())} lines)')
+    print(
+        f'Writing {new.name}: {old.name} with {marks.count("+")} lines added, '
+        f'{marks.count("-")} removed ({len(text.splitlines())} lines)'
+    )

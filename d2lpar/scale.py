@@ -9,6 +9,7 @@ category. The predictor it is held against (`predict`, `check_mfu` and their par
 notebook 16's `#@save` cells and generated into d2lpar/lessons/nb16_reasoning_at_scale.py (edit the
 notebook, then `make lib`); this module re-exports it beside the tooling the notebook only calls.
 """
+
 import contextlib
 from collections import defaultdict
 
@@ -35,10 +36,26 @@ LLAMA3 = {
 # Float8 or compile only (the rows this model can speak about), seq_len 8192 (the train configs
 # at commit 9dec370). tps is tokens per second per GPU; memory is the reported peak in GiB.
 PUBLISHED = [
-    dict(source='torchtitan Table 1, FSDP', model='8B', gpus=8, tp=1, local_batch=2,
-         ac='selective', tps=5762, memory_gib=82.4),
-    dict(source='torchtitan Table 3, FSDP', model='8B', gpus=128, tp=1, local_batch=2,
-         ac='selective', tps=5605, memory_gib=67.0),
+    dict(
+        source='torchtitan Table 1, FSDP',
+        model='8B',
+        gpus=8,
+        tp=1,
+        local_batch=2,
+        ac='selective',
+        tps=5762,
+        memory_gib=82.4,
+    ),
+    dict(
+        source='torchtitan Table 3, FSDP',
+        model='8B',
+        gpus=128,
+        tp=1,
+        local_batch=2,
+        ac='selective',
+        tps=5605,
+        memory_gib=67.0,
+    ),
 ]
 
 aten = torch.ops.aten
@@ -48,6 +65,7 @@ _SAVE = {aten.mm.default, aten._scaled_dot_product_flash_attention_for_cpu.defau
 def _selective_policy():
     """torchtitan's 'op' selective checkpointing: save matmul and attention outputs, except every second matmul."""
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
     count = defaultdict(int)
 
     def policy(ctx, func, *args, **kwargs):
@@ -56,6 +74,7 @@ def _selective_policy():
             count[key] += 1
         save = func in _SAVE and not (func == aten.mm.default and count[key] % 2 == 0)
         return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
+
     return create_selective_checkpoint_contexts(policy)
 
 
@@ -103,6 +122,7 @@ class Block(nn.Module):
 
     def forward(self, x):
         from torch.utils.checkpoint import checkpoint
+
         if self.ac == 'full':
             return checkpoint(self._forward, x, use_reentrant=False)
         if self.ac == 'selective':
@@ -128,9 +148,14 @@ class Llama(nn.Module):
 
 
 # Bytes one rank sends per byte of the collective's input, n ranks, ring algorithms.
-WIRE = {'all_gather_into_tensor': lambda n: n - 1, '_allgather_base_': lambda n: n - 1,
-        'reduce_scatter_tensor': lambda n: (n - 1) / n, '_reduce_scatter_base_': lambda n: (n - 1) / n,
-        'all_reduce': lambda n: 2 * (n - 1) / n, 'allreduce_': lambda n: 2 * (n - 1) / n}
+WIRE = {
+    'all_gather_into_tensor': lambda n: n - 1,
+    '_allgather_base_': lambda n: n - 1,
+    'reduce_scatter_tensor': lambda n: (n - 1) / n,
+    '_reduce_scatter_base_': lambda n: (n - 1) / n,
+    'all_reduce': lambda n: 2 * (n - 1) / n,
+    'allreduce_': lambda n: 2 * (n - 1) / n,
+}
 
 
 def _group_size(group):
@@ -160,6 +185,7 @@ def _comm_bytes_mode():
                 kind = 'all-gather' if 'gather' in name else 'reduce-scatter' if 'scatter' in name else 'all-reduce'
                 self.sent[kind] += WIRE[name](_group_size(group)) * tensor.numel() * tensor.element_size()
             return super().__torch_dispatch__(func, types, args, kwargs)
+
     return CommBytes()
 
 
@@ -172,30 +198,56 @@ def _flop_counter():
 
     def backward(grad, q, k, v, *args, out_val=None, **kwargs):
         return sdpa_backward_flop_count(grad.shape, q.shape, k.shape, v.shape)
+
     forward._get_raw = backward._get_raw = True  # take the tensors, not their shapes
-    return FlopCounterMode(display=False, custom_mapping={
-        aten._scaled_dot_product_flash_attention_for_cpu: forward,
-        aten._scaled_dot_product_flash_attention_for_cpu_backward: backward})
+    return FlopCounterMode(
+        display=False,
+        custom_mapping={
+            aten._scaled_dot_product_flash_attention_for_cpu: forward,
+            aten._scaled_dot_product_flash_attention_for_cpu_backward: backward,
+        },
+    )
 
 
 def _tensor_parallel(net, tp_mesh):
     """torchtitan's Llama plan: sequence-parallel norms, column/row-parallel matmuls, loss parallel."""
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                   SequenceParallel, parallelize_module)
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
     gather = lambda: PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
-    parallelize_module(net, tp_mesh, {
-        'tok_embeddings': RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-        'norm': SequenceParallel(),
-        'output': ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)})
+    parallelize_module(
+        net,
+        tp_mesh,
+        {
+            'tok_embeddings': RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+            'norm': SequenceParallel(),
+            'output': ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
+        },
+    )
     for block in net.layers:
-        parallelize_module(block, tp_mesh, {
-            'attention_norm': SequenceParallel(), 'attention': gather(),
-            'attention.wq': ColwiseParallel(), 'attention.wk': ColwiseParallel(),
-            'attention.wv': ColwiseParallel(), 'attention.wo': RowwiseParallel(output_layouts=Shard(1)),
-            'ffn_norm': SequenceParallel(), 'feed_forward': gather(),
-            'feed_forward.w1': ColwiseParallel(), 'feed_forward.w3': ColwiseParallel(),
-            'feed_forward.w2': RowwiseParallel(output_layouts=Shard(1))})
+        parallelize_module(
+            block,
+            tp_mesh,
+            {
+                'attention_norm': SequenceParallel(),
+                'attention': gather(),
+                'attention.wq': ColwiseParallel(),
+                'attention.wk': ColwiseParallel(),
+                'attention.wv': ColwiseParallel(),
+                'attention.wo': RowwiseParallel(output_layouts=Shard(1)),
+                'ffn_norm': SequenceParallel(),
+                'feed_forward': gather(),
+                'feed_forward.w1': ColwiseParallel(),
+                'feed_forward.w3': ColwiseParallel(),
+                'feed_forward.w2': RowwiseParallel(output_layouts=Shard(1)),
+            },
+        )
 
 
 @contextlib.contextmanager
@@ -209,11 +261,13 @@ def _propagation_unseen():
     """
     from torch.distributed.tensor._sharding_prop import ShardingPropagator
     from torch.utils._python_dispatch import _disable_current_modes
+
     propagate = ShardingPropagator._propagate_tensor_meta_non_cached
 
     def unseen(self, op_schema):
         with _disable_current_modes():  # no tracker; DTensor makes its own FakeTensorMode
             return propagate(self, op_schema)
+
     ShardingPropagator._propagate_tensor_meta_non_cached = unseen
     try:
         yield
@@ -235,11 +289,11 @@ def fake_step(cfg, gpus, local_batch, seq_len, n_layers, ac='selective', tp=1, r
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed.tensor.parallel import loss_parallel
     from torch.testing._internal.distributed.fake_pg import FakeStore
+
     if gpus % tp:
         raise ValueError(f'fake_step: tp={tp} must divide gpus={gpus}')
     if dist.is_initialized():
-        raise RuntimeError('fake_step: a process group is already initialized; '
-                           'call it in a process without one')
+        raise RuntimeError('fake_step: a process group is already initialized; call it in a process without one')
     dist.init_process_group('fake', store=FakeStore(), rank=rank, world_size=gpus)
     try:
         mesh = init_device_mesh('cpu', (gpus // tp, tp), mesh_dim_names=('fsdp', 'tp'))
@@ -262,13 +316,17 @@ def fake_step(cfg, gpus, local_batch, seq_len, n_layers, ac='selective', tp=1, r
                     loss.backward()
                 opt.step()
                 opt.zero_grad()
+
             step()
             memory, flops, comm = FSDPMemTracker(net, opt), _flop_counter(), _comm_bytes_mode()
             with memory, flops, comm, _propagation_unseen():
                 step()
             peak = memory.get_tracker_snapshot('peak')[torch.device('cpu')]
-        return dict(sent=dict(comm.sent), flops=flops.get_total_flops(),
-                    calls={str(k).split('.')[-1]: v for k, v in comm.get_comm_counts().items()},
-                    peak={str(k).split('.')[-1].lower(): v for k, v in peak.items()})
+        return dict(
+            sent=dict(comm.sent),
+            flops=flops.get_total_flops(),
+            calls={str(k).split('.')[-1]: v for k, v in comm.get_comm_counts().items()},
+            peak={str(k).split('.')[-1].lower(): v for k, v in peak.items()},
+        )
     finally:
         dist.destroy_process_group()

@@ -1,4 +1,5 @@
 """Timing: a wall-clock Timer that waits for the GPU, and an Accumulator."""
+
 import time
 
 import torch
@@ -25,9 +26,11 @@ class Timer:
                 if parsed.index is not None and parsed.index < 0:
                     raise ValueError(device)
             except (RuntimeError, TypeError, ValueError, OverflowError):
-                raise ValueError(f"Timer: device must be None (wait for every GPU), a "
-                                 f"torch.device or a name such as 'cuda:0' or 'cpu', got "
-                                 f"{device!r}") from None
+                raise ValueError(
+                    f"Timer: device must be None (wait for every GPU), a "
+                    f"torch.device or a name such as 'cuda:0' or 'cpu', got "
+                    f"{device!r}"
+                ) from None
             device = parsed
         self.device = device
         self.times = []
@@ -68,23 +71,23 @@ class Accumulator:
 
     def __init__(self, n):
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise ValueError(f'Accumulator(n) needs a positive int n, the number of sums, '
-                             f'got {n!r}')
+            raise ValueError(f'Accumulator(n) needs a positive int n, the number of sums, got {n!r}')
         self.data = [0.0] * n
 
     def add(self, *args):
         """Add one value to each sum, in order."""
         if len(args) != len(self.data):
-            raise ValueError(f'Accumulator holds {len(self.data)} sums, '
-                             f'add() got {len(args)} values')
+            raise ValueError(f'Accumulator holds {len(self.data)} sums, add() got {len(args)} values')
         values = []
         for k, b in enumerate(args):
             try:  # numbers, 0-d tensors and NumPy scalars all convert
                 values.append(float(b))
             except (TypeError, ValueError, RuntimeError):
-                raise TypeError(f'Accumulator.add: value {k} must be a number (or a tensor '
-                                f'with one element), got {type(b).__name__} {b!r}; nothing '
-                                'was added') from None
+                raise TypeError(
+                    f'Accumulator.add: value {k} must be a number (or a tensor '
+                    f'with one element), got {type(b).__name__} {b!r}; nothing '
+                    'was added'
+                ) from None
         self.data = [a + b for a, b in zip(self.data, values)]
 
     def reset(self):

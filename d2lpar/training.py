@@ -6,6 +6,7 @@ are in d2lpar/checks/nb08_lenet_data_parallel.py.
 It also re-exports what the notebook uses but does not teach, from d2lpar/helpers/.
 d2lpar.models and d2lpar.parallel are this lesson's other old names.
 """
+
 from .checks.nb08_lenet_data_parallel import NUM_TRAIN_EXAMPLES
 from .helpers.d2l import sgd
 from .helpers.train_result import TrainResult

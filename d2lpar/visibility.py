@@ -5,6 +5,7 @@ given number of GPUs, following the rules torch mirrors from the CUDA driver.
 `run_with_mask(s)` measures it: each child process starts with the mask and
 reports what it saw.
 """
+
 import concurrent.futures
 import difflib
 import json
@@ -21,8 +22,14 @@ import torch
 from .devices import gpu_problem, num_gpus
 from .processes import environment
 
-__all__ = ['choose_gpu', 'parse_visible_devices', 'visible_gpus', 'misspelled_cuda_vars',
-           'run_with_mask', 'run_with_masks']
+__all__ = [
+    'choose_gpu',
+    'parse_visible_devices',
+    'visible_gpus',
+    'misspelled_cuda_vars',
+    'run_with_mask',
+    'run_with_masks',
+]
 
 _MASK_VAR = 'CUDA_VISIBLE_DEVICES'
 _KNOWN_VARS = ('CUDA_VISIBLE_DEVICES', 'CUDA_DEVICE_ORDER')
@@ -42,8 +49,7 @@ def choose_gpu(i=0):
     sees, i.e. within CUDA_VISIBLE_DEVICES when it is set.
     """
     if not _is_int(i):
-        raise TypeError(f'choose_gpu(i) needs an int GPU index such as 0 or 1, '
-                        f'got {type(i).__name__} {i!r}')
+        raise TypeError(f'choose_gpu(i) needs an int GPU index such as 0 or 1, got {type(i).__name__} {i!r}')
     n = num_gpus()
     if 0 <= i < n:
         return torch.device('cuda', i)
@@ -53,11 +59,11 @@ def choose_gpu(i=0):
         seen += f' it can use ({problem.rstrip(".")})'
     mask = os.environ.get(_MASK_VAR)
     if mask is not None:
-        seen += (f' (CUDA_VISIBLE_DEVICES={mask!r} is set: indices count the GPUs '
-                 f'it lets through, not the physical ones)')
+        seen += (
+            f' (CUDA_VISIBLE_DEVICES={mask!r} is set: indices count the GPUs it lets through, not the physical ones)'
+        )
     fallback = f', or use d2lpar.try_gpu({i}) to fall back to the CPU' if i >= 0 else ''
-    raise ValueError(f'GPU index {i} does not exist: this process sees {seen}. '
-                     f'Choose an index in range{fallback}.')
+    raise ValueError(f'GPU index {i} does not exist: this process sees {seen}. Choose an index in range{fallback}.')
 
 
 def _strtoul(s):
@@ -84,9 +90,11 @@ def parse_visible_devices(mask):
     if mask is None:
         return None
     if not isinstance(mask, str):
-        raise TypeError(f'parse_visible_devices: mask (a CUDA_VISIBLE_DEVICES value) is a '
-                        f'string such as "0" or "0,2", '
-                        f'got {type(mask).__name__} {mask!r}')
+        raise TypeError(
+            f'parse_visible_devices: mask (a CUDA_VISIBLE_DEVICES value) is a '
+            f'string such as "0" or "0,2", '
+            f'got {type(mask).__name__} {mask!r}'
+        )
     for prefix in ('GPU-', 'MIG-'):
         if mask.startswith(prefix):
             uuids = []
@@ -120,21 +128,24 @@ def visible_gpus(mask, num_gpus, uuids=None):
     any prefix that matches one UUID only.
     """
     if not _is_int(num_gpus) or num_gpus < 0:
-        raise ValueError(f'num_gpus must be an int >= 0 (how many GPUs the machine has), '
-                         f'got {num_gpus!r}')
+        raise ValueError(f'num_gpus must be an int >= 0 (how many GPUs the machine has), got {num_gpus!r}')
     if uuids is not None:
         if isinstance(uuids, str) or not all(isinstance(u, str) for u in uuids):
             raise TypeError(f'uuids must be a list of UUID strings, got {uuids!r}')
         if len(uuids) != num_gpus:
-            raise ValueError(f'uuids lists {len(uuids)} UUID(s) for a machine with '
-                             f'{num_gpus} GPU(s); give one per GPU, in device order')
+            raise ValueError(
+                f'uuids lists {len(uuids)} UUID(s) for a machine with '
+                f'{num_gpus} GPU(s); give one per GPU, in device order'
+            )
     entries = parse_visible_devices(mask)
     if entries is None:
         return list(range(num_gpus))
     if entries and isinstance(entries[0], str):
         if uuids is None:
-            raise ValueError(f'mask {mask!r} names devices by UUID: pass uuids=[...], the '
-                             f'UUIDs of the machine in device order (nvidia-smi -L prints them)')
+            raise ValueError(
+                f'mask {mask!r} names devices by UUID: pass uuids=[...], the '
+                f'UUIDs of the machine in device order (nvidia-smi -L prints them)'
+            )
         shown = []
         for prefix in entries:
             matches = [k for k, u in enumerate(uuids) if u.startswith(prefix)]
@@ -170,8 +181,7 @@ def misspelled_cuda_vars(environ=None):
         # XPU_VISIBLE_DEVICES, MLU_VISIBLE_DEVICES, ...: other accelerators' variables end
         # the same way; only a prefix close to CUDA (CUDE_, CDUA_) is a typo.
         prefix, _, rest = upper.partition('_')
-        if (rest == match[0].partition('_')[2]
-                and difflib.SequenceMatcher(None, prefix, 'CUDA').ratio() < 0.75):
+        if rest == match[0].partition('_')[2] and difflib.SequenceMatcher(None, prefix, 'CUDA').ratio() < 0.75:
             continue
         suspects.append(name)
     return sorted(suspects)
@@ -186,8 +196,9 @@ def _per_child(value, n, name, check):
     """Return `value` repeated n times, or the list of n values given."""
     if isinstance(value, list):
         if len(value) != n:
-            raise ValueError(f'{name} lists {len(value)} values for {n} mask(s); '
-                             f'give one per mask or a single value for all')
+            raise ValueError(
+                f'{name} lists {len(value)} values for {n} mask(s); give one per mask or a single value for all'
+            )
         values = value
     else:
         values = [value] * n
@@ -265,16 +276,14 @@ def _run_one(spec, env, timeout, live, lock, cancelled):
         _kill(proc)  # also what the child may have started and left running
         with lock:
             live.discard(proc)
-    return dict(out=out, err=err, returncode=proc.returncode, timed_out=timed_out,
-                seconds=time.perf_counter() - tik)
+    return dict(out=out, err=err, returncode=proc.returncode, timed_out=timed_out, seconds=time.perf_counter() - tik)
 
 
 def _label(mask):
     return 'unset' if mask is None else repr(mask)
 
 
-def run_with_masks(masks, code=None, script=None, args=(), env=None, timeout=120.0,
-                   max_parallel=None):
+def run_with_masks(masks, code=None, script=None, args=(), env=None, timeout=120.0, max_parallel=None):
     """Run one child process per mask and return what each saw, as a list of dicts.
 
     Each child starts with CUDA_VISIBLE_DEVICES set to its mask (None: unset),
@@ -290,15 +299,17 @@ def run_with_masks(masks, code=None, script=None, args=(), env=None, timeout=120
     stderr. No child outlives the call, even when it is interrupted.
     """
     if isinstance(masks, str) or not isinstance(masks, (list, tuple)):
-        raise TypeError(f'masks must be a list of CUDA_VISIBLE_DEVICES values such as '
-                        f'["0", "1,0"] (None for unset), got {masks!r}')
+        raise TypeError(
+            f'masks must be a list of CUDA_VISIBLE_DEVICES values such as ["0", "1,0"] (None for unset), got {masks!r}'
+        )
     n = len(masks)
     if n == 0:
         raise ValueError('masks is empty: give at least one mask (None for unset)')
     for mask in masks:
         if mask is not None and not isinstance(mask, str):
-            raise TypeError(f'a mask is a string such as "0" or "0,2" (None for unset), '
-                            f'got {type(mask).__name__} {mask!r}')
+            raise TypeError(
+                f'a mask is a string such as "0" or "0,2" (None for unset), got {type(mask).__name__} {mask!r}'
+            )
     codes = _per_child(code, n, 'code', _check_code)
     envs = _per_child(env, n, 'env', _check_env)
     if script is not None:
@@ -306,8 +317,7 @@ def run_with_masks(masks, code=None, script=None, args=(), env=None, timeout=120
             raise ValueError('give code or script, not both')
         script = os.fspath(script)
         if not os.path.isfile(script):
-            raise FileNotFoundError(f'script {script!r} does not exist '
-                                    f'(relative paths start from {os.getcwd()})')
+            raise FileNotFoundError(f'script {script!r} does not exist (relative paths start from {os.getcwd()})')
     if isinstance(args, str) or not all(isinstance(a, str) for a in args):
         raise TypeError(f'args must be a list of strings, got {args!r}')
     if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
@@ -322,8 +332,7 @@ def run_with_masks(masks, code=None, script=None, args=(), env=None, timeout=120
     live, lock, cancelled = set(), threading.Lock(), threading.Event()
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(n, max_parallel))
     try:
-        futures = [pool.submit(_run_one, s, e, timeout, live, lock, cancelled)
-                   for s, e in zip(specs, child_envs)]
+        futures = [pool.submit(_run_one, s, e, timeout, live, lock, cancelled) for s, e in zip(specs, child_envs)]
         runs = [f.result() for f in futures]
     except BaseException:
         with lock:  # no new child starts after this; kill those running
@@ -338,15 +347,16 @@ def run_with_masks(masks, code=None, script=None, args=(), env=None, timeout=120
     for k, (mask, run) in enumerate(zip(masks, runs)):
         where = f'child {k} (CUDA_VISIBLE_DEVICES {_label(mask)})'
         if run['timed_out']:
-            raise TimeoutError(f'{where} did not finish within {timeout} s and was killed; '
-                               f'its stderr:\n{_tail(run["err"])}')
+            raise TimeoutError(
+                f'{where} did not finish within {timeout} s and was killed; its stderr:\n{_tail(run["err"])}'
+            )
         if run['returncode'] != 0:
-            raise RuntimeError(f'{where} failed with exit code {run["returncode"]}; '
-                               f'its stderr:\n{_tail(run["err"])}')
+            raise RuntimeError(f'{where} failed with exit code {run["returncode"]}; its stderr:\n{_tail(run["err"])}')
         head, found, tail = run['out'].rpartition('\n' + _MARKER)
         if not found:
-            raise RuntimeError(f'{where} exited without its report (did the code call '
-                               f'sys.exit?); its stderr:\n{_tail(run["err"])}')
+            raise RuntimeError(
+                f'{where} exited without its report (did the code call sys.exit?); its stderr:\n{_tail(run["err"])}'
+            )
         result = json.loads(tail.splitlines()[0])
         result.update(stdout=head, stderr=run['err'], seconds=run['seconds'])
         seen.append(result)
@@ -360,5 +370,4 @@ def run_with_mask(mask, code=None, script=None, args=(), env=None, timeout=120.0
     """
     if isinstance(code, list) or isinstance(env, list):
         raise TypeError('run_with_mask runs one child: give code and env as single values')
-    return run_with_masks([mask], code=code, script=script, args=args, env=env,
-                          timeout=timeout)[0]
+    return run_with_masks([mask], code=code, script=script, args=args, env=env, timeout=timeout)[0]

@@ -4,6 +4,7 @@ The name notebooks and scripts import. What the notebook teaches is generated in
 d2lpar/lessons/nb10_zero.py (edit the notebook's `#@save` cell, then `make lib`), its argument
 checks live in d2lpar/checks/.
 """
+
 from .checks.nb10_zero import STAGES
 from .lessons.nb10_zero import *  # noqa: F403
 from .lessons.nb10_zero import __all__ as _nb10

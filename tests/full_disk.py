@@ -4,6 +4,7 @@ The child's writes fail with OSError (EFBIG) once a file reaches `limit` bytes, 
 bytes before it were written: what a full disk or quota does to a file written in place.
 Linux and macOS (RLIMIT_FSIZE); the tests that use it are skipped elsewhere.
 """
+
 import subprocess
 import sys
 import textwrap
@@ -24,5 +25,4 @@ def run_on_a_full_disk(code, limit=64, timeout=180, cwd=None):
     """Run `code` (which calls full_disk() after its imports); return the finished process."""
     pytest.importorskip('resource')
     source = PRELUDE.format(limit=limit) + textwrap.dedent(code)
-    return subprocess.run([sys.executable, '-c', source], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd)
+    return subprocess.run([sys.executable, '-c', source], capture_output=True, text=True, timeout=timeout, cwd=cwd)

@@ -6,6 +6,7 @@
 `fn` must be importable (defined at the top of a test module). A rank that dies fails the
 test at once instead of leaving the others waiting.
 """
+
 import datetime
 import faulthandler
 import gc
@@ -24,8 +25,13 @@ def _in_group(fn, rank, world_size, port, args):
     faulthandler.enable()  # a crash in C++ (SIGABRT, SIGSEGV) still shows the Python stack
     os.environ['OMP_NUM_THREADS'] = '1'
     torch.set_num_threads(1)  # the ranks share this machine's few cores
-    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank,
-                            world_size=world_size, timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group(
+        'gloo',
+        init_method=f'tcp://127.0.0.1:{port}',
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=60),
+    )
     try:
         return fn(rank, world_size, *args)
     finally:
@@ -55,8 +61,7 @@ def run_ranks(fn, world_size, *args):
     ctx = mp.get_context('spawn')
     results = ctx.Queue()
     port = d2lpar.free_port()
-    procs = [ctx.Process(target=_rank_main, args=(fn, r, world_size, port, args, results))
-             for r in range(world_size)]
+    procs = [ctx.Process(target=_rank_main, args=(fn, r, world_size, port, args, results)) for r in range(world_size)]
     for p in procs:
         p.start()
     found = {}

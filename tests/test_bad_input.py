@@ -7,6 +7,7 @@ either a TypeError or ValueError whose message names the function or the
 argument, or a result without NaN in it. Any other exception fails the test.
 The runs are derandomized, so the suite sees the same cases every time.
 """
+
 import math
 
 import pytest
@@ -18,9 +19,33 @@ import d2lpar
 from d2lpar import collectives, pipelining, tensor_parallel
 
 NAN, INF = float('nan'), float('inf')
-BAD = [NAN, INF, -INF, -1, 0, -0.5, 1e300, '', 'abc', None, True, [], {}, (), object(),
-       torch.tensor(NAN), torch.empty(0), torch.ones(3, 5), torch.zeros(2, 1, 32, 32),
-       'cuda:7', torch.device('cuda', 3), 'gpu', [None], [torch.ones(2), 'x'], -(2 ** 70)]
+BAD = [
+    NAN,
+    INF,
+    -INF,
+    -1,
+    0,
+    -0.5,
+    1e300,
+    '',
+    'abc',
+    None,
+    True,
+    [],
+    {},
+    (),
+    object(),
+    torch.tensor(NAN),
+    torch.empty(0),
+    torch.ones(3, 5),
+    torch.zeros(2, 1, 32, 32),
+    'cuda:7',
+    torch.device('cuda', 3),
+    'gpu',
+    [None],
+    [torch.ones(2), 'x'],
+    -(2**70),
+]
 CPU = torch.device('cpu')
 
 
@@ -42,48 +67,70 @@ API = {
     'device_slots': (lambda n: d2lpar.device_slots(n, verbose=False), {'n': lambda: 2}),
     'Timer': (d2lpar.Timer, {'device': lambda: None}),
     'Accumulator': (d2lpar.Accumulator, {'n': lambda: 2}),
-    'Animator.add': (lambda x, y: d2lpar.Animator().add(x, y), {'x': lambda: 1,
-                                                                 'y': lambda: 0.5}),
+    'Animator.add': (lambda x, y: d2lpar.Animator().add(x, y), {'x': lambda: 1, 'y': lambda: 0.5}),
     'get_fashion_mnist_labels': (d2lpar.get_fashion_mnist_labels, {'labels': lambda: [0, 9]}),
-    'TensorLoader': (d2lpar.TensorLoader, {'X': images, 'y': labels,
-                                           'batch_size': lambda: 2}),
-    'allreduce_cost': (collectives.allreduce_cost, {
-        'algorithm': lambda: 'ring', 'n': lambda: 4, 'size': lambda: 2 ** 20,
-        'bandwidth': lambda: 1e9, 'latency': lambda: 1e-5}),
-    'bandwidths': (collectives.bandwidths, {'size': lambda: 2 ** 20, 'seconds': lambda: 0.01,
-                                            'n': lambda: 4}),
+    'TensorLoader': (d2lpar.TensorLoader, {'X': images, 'y': labels, 'batch_size': lambda: 2}),
+    'allreduce_cost': (
+        collectives.allreduce_cost,
+        {
+            'algorithm': lambda: 'ring',
+            'n': lambda: 4,
+            'size': lambda: 2**20,
+            'bandwidth': lambda: 1e9,
+            'latency': lambda: 1e-5,
+        },
+    ),
+    'bandwidths': (collectives.bandwidths, {'size': lambda: 2**20, 'seconds': lambda: 0.01, 'n': lambda: 4}),
     'scatter': (d2lpar.scatter, {'data': images, 'devices': lambda: [CPU, CPU]}),
-    'split_batch': (d2lpar.split_batch, {'X': images, 'y': labels,
-                                         'devices': lambda: [CPU, CPU]}),
+    'split_batch': (d2lpar.split_batch, {'X': images, 'y': labels, 'devices': lambda: [CPU, CPU]}),
     'get_params': (d2lpar.get_params, {'params': lenet_params, 'device': lambda: CPU}),
     'allreduce': (d2lpar.allreduce, {'data': lambda: [torch.ones(2), torch.ones(2)]}),
     'lenet': (d2lpar.lenet, {'X': images, 'params': lenet_params}),
-    'init_lenet_params': (d2lpar.init_lenet_params, {'scale': lambda: 0.1,
-                                                     'seed': lambda: 0}),
-    'train_batch': (d2lpar.train_batch, {
-        'X': images, 'y': labels, 'device_params': lambda: [d2lpar.get_params(
-            lenet_params(), CPU)], 'devices': lambda: [CPU], 'lr': lambda: 0.1}),
-    'bubble_fraction': (d2lpar.bubble_fraction, {'num_stages': lambda: 2,
-                                                 'num_microbatches': lambda: 4}),
-    'pipeline_schedule': (d2lpar.pipeline_schedule, {'num_stages': lambda: 2,
-                                                     'num_microbatches': lambda: 4}),
-    'schedule_problems': (d2lpar.schedule_problems, {
-        'events': lambda: d2lpar.pipeline_schedule(2, 4), 'num_stages': lambda: 2,
-        'num_microbatches': lambda: 4}),
+    'init_lenet_params': (d2lpar.init_lenet_params, {'scale': lambda: 0.1, 'seed': lambda: 0}),
+    'train_batch': (
+        d2lpar.train_batch,
+        {
+            'X': images,
+            'y': labels,
+            'device_params': lambda: [d2lpar.get_params(lenet_params(), CPU)],
+            'devices': lambda: [CPU],
+            'lr': lambda: 0.1,
+        },
+    ),
+    'bubble_fraction': (d2lpar.bubble_fraction, {'num_stages': lambda: 2, 'num_microbatches': lambda: 4}),
+    'pipeline_schedule': (d2lpar.pipeline_schedule, {'num_stages': lambda: 2, 'num_microbatches': lambda: 4}),
+    'schedule_problems': (
+        d2lpar.schedule_problems,
+        {'events': lambda: d2lpar.pipeline_schedule(2, 4), 'num_stages': lambda: 2, 'num_microbatches': lambda: 4},
+    ),
     'parse_visible_devices': (d2lpar.parse_visible_devices, {'mask': lambda: '0,1'}),
-    'scatter_inputs': (d2lpar.scatter_inputs, {'inputs': images,
-                                               'devices': lambda: [CPU, CPU]}),
-    'gather': (d2lpar.gather, {'outputs': lambda: [torch.ones(2, 3), torch.ones(2, 3)],
-                               'output_device': lambda: CPU}),
+    'scatter_inputs': (d2lpar.scatter_inputs, {'inputs': images, 'devices': lambda: [CPU, CPU]}),
+    'gather': (d2lpar.gather, {'outputs': lambda: [torch.ones(2, 3), torch.ones(2, 3)], 'output_device': lambda: CPU}),
     'Residual': (d2lpar.Residual, {'num_channels': lambda: 4}),
-    'block_bytes': (tensor_parallel.block_bytes, {
-        'num_params': lambda: 1000, 'tokens': lambda: 64, 'dim': lambda: 16, 'n': lambda: 4,
-        'replicated': lambda: 10, 'bytes_per_value': lambda: 2}),
-    'interleaved_bubble': (pipelining.interleaved_bubble, {'p': lambda: 4, 'm': lambda: 8,
-                                                           'v': lambda: 2}),
-    'replay': (pipelining.replay, {'events': lambda: [(0, 0, 0, 'F', 0.0, 1.0), (1, 1, 0, 'F', 1.0, 2.0),
-                                                      (1, 1, 0, 'B', 2.0, 4.0), (0, 0, 0, 'B', 4.0, 6.0)],
-                                   'v': lambda: 1}),
+    'block_bytes': (
+        tensor_parallel.block_bytes,
+        {
+            'num_params': lambda: 1000,
+            'tokens': lambda: 64,
+            'dim': lambda: 16,
+            'n': lambda: 4,
+            'replicated': lambda: 10,
+            'bytes_per_value': lambda: 2,
+        },
+    ),
+    'interleaved_bubble': (pipelining.interleaved_bubble, {'p': lambda: 4, 'm': lambda: 8, 'v': lambda: 2}),
+    'replay': (
+        pipelining.replay,
+        {
+            'events': lambda: [
+                (0, 0, 0, 'F', 0.0, 1.0),
+                (1, 1, 0, 'F', 1.0, 2.0),
+                (1, 1, 0, 'B', 2.0, 4.0),
+                (0, 0, 0, 'B', 4.0, 6.0),
+            ],
+            'v': lambda: 1,
+        },
+    ),
 }
 
 
@@ -117,8 +164,7 @@ def test_valid_calls_work(function):
 
 
 @pytest.mark.parametrize('function', sorted(API))
-@settings(max_examples=40, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_bad_input_gets_a_clear_error_or_a_clean_result(function, data):
     call, arguments = API[function]
@@ -130,8 +176,8 @@ def test_bad_input_gets_a_clear_error_or_a_clean_result(function, data):
         result = call(*values)
     except (TypeError, ValueError) as error:
         assert names_the_problem(error, function, argument), (
-            f'{function}({argument}={bad!r}): the error does not say what was wrong: '
-            f'{type(error).__name__}: {error}')
+            f'{function}({argument}={bad!r}): the error does not say what was wrong: {type(error).__name__}: {error}'
+        )
         return
     except Exception as error:  # noqa: BLE001 - anything else is the defect this test is for
         pytest.fail(f'{function}({argument}={bad!r}) raised {type(error).__name__}: {error}')
@@ -170,10 +216,12 @@ def test_animator_takes_good_limits(limits, capsys):
     assert '0.5' in capsys.readouterr().out
 
 
-CHECKED = [(d2lpar.scatter_inputs, (torch.ones(4, 2), [CPU, CPU]), 'scatter_inputs'),
-           (d2lpar.HandDataParallel, (torch.nn.Linear(2, 2), [CPU]), 'HandDataParallel'),
-           (d2lpar.evaluate_accuracy_gpu, (lambda X: X, []), 'evaluate_accuracy_gpu'),
-           (d2lpar.train, (1, 16, 0.1), 'train')]
+CHECKED = [
+    (d2lpar.scatter_inputs, (torch.ones(4, 2), [CPU, CPU]), 'scatter_inputs'),
+    (d2lpar.HandDataParallel, (torch.nn.Linear(2, 2), [CPU]), 'HandDataParallel'),
+    (d2lpar.evaluate_accuracy_gpu, (lambda X: X, []), 'evaluate_accuracy_gpu'),
+    (d2lpar.train, (1, 16, 0.1), 'train'),
+]
 
 
 @pytest.mark.parametrize('function, args, public', CHECKED, ids=[c[2] for c in CHECKED])

@@ -1,4 +1,5 @@
 """make bench's choices that depend on the machine, checked without its GPUs."""
+
 from pathlib import Path
 
 from benchmarks.methods import data_parallel_processes
@@ -21,7 +22,8 @@ def test_results_are_written_whole_or_not_at_all(tmp_path):
     # ones, and no temporary file is left beside them.
     (tmp_path / 'demo.json').write_text('{"old": true}')
     (tmp_path / 'demo.png').write_bytes(b'old picture')
-    done = run_on_a_full_disk(f"""
+    done = run_on_a_full_disk(
+        f"""
         from pathlib import Path
         from matplotlib.figure import Figure
         from benchmarks._results import save
@@ -34,7 +36,10 @@ def test_results_are_written_whole_or_not_at_all(tmp_path):
                 save('demo', record, fig, folder=folder)
             except OSError as e:
                 print('raised', e.errno, (folder / 'demo.json').read_text())
-        """, limit=512, cwd=ROOT)
+        """,
+        limit=512,
+        cwd=ROOT,
+    )
     said = done.stdout.splitlines()
     assert [line.split(' ', 2)[2] for line in said] == ['{"old": true}', '{}'], done.stdout + done.stderr
     assert (tmp_path / 'demo.png').read_bytes() == b'old picture'

@@ -1,4 +1,5 @@
 """The capstone's saved code (notebook 17): layouts, the cost model, StepCost and the planted bugs."""
+
 import contextlib
 import datetime
 import os
@@ -16,12 +17,15 @@ MODEL = dict(vocab=16, dim=16, num_heads=4, hidden=32, num_layers=2)
 STEPS, NUM_SEQS, SEQ_LEN, LR = 1, 8, 8, 0.5  # one step shows every bug in the parameters
 
 
-@pytest.mark.parametrize('layout, error, words', [
-    ([2, 2], TypeError, 'layout must be a dict'),
-    (dict(dp=2, ep=2), ValueError, "unknown dimension(s) ['ep']"),
-    (dict(dp=0), ValueError, "degree of 'dp' must be a positive int"),
-    (dict(tp=2.0), ValueError, "degree of 'tp' must be a positive int"),
-])
+@pytest.mark.parametrize(
+    'layout, error, words',
+    [
+        ([2, 2], TypeError, 'layout must be a dict'),
+        (dict(dp=2, ep=2), ValueError, "unknown dimension(s) ['ep']"),
+        (dict(dp=0), ValueError, "degree of 'dp' must be a positive int"),
+        (dict(tp=2.0), ValueError, "degree of 'tp' must be a positive int"),
+    ],
+)
 def test_layout_mesh_refuses_bad_layouts_by_name(layout, error, words):
     with pytest.raises(error) as e:
         capstone.layout_mesh(layout)
@@ -118,8 +122,13 @@ def _train_layouts(rank, world_size, runs):
             with comm, capstone.StepCost(net, opt) as cost:
                 capstone.train_step(net, schedule, opt, X[rows], y[rows], layout, mesh, broken)
             if checked:  # compared in the test itself, where a failure names this check
-                counts.append((layout, {k: c for k, c in cost.calls.items() if k != 'send'},
-                               {k.__name__: c for k, c in comm.get_comm_counts().items() if c}))
+                counts.append(
+                    (
+                        layout,
+                        {k: c for k, c in cost.calls.items() if k != 'send'},
+                        {k.__name__: c for k, c in comm.get_comm_counts().items() if c},
+                    )
+                )
         params = capstone.full_parameters(net)
         gaps.append(max((p - want[k]).abs().max().item() for k, p in params.items()))
         sent.append(dict(cost.sent))
@@ -128,8 +137,15 @@ def _train_layouts(rank, world_size, runs):
 
 def test_each_planted_bug_is_caught_and_each_correct_layout_is_not():
     """On 2 ranks: dp, pp, tp and cp layouts equal one process to float32 rounding; their bugs do not."""
-    runs = [(dict(dp=2), []), (dict(dp=2), ['dp_average']), (dict(pp=2), []), (dict(pp=2), ['pp_scale']),
-            (dict(tp=2), []), (dict(tp=2), ['sp_norm']), (dict(cp=2), [])]
+    runs = [
+        (dict(dp=2), []),
+        (dict(dp=2), ['dp_average']),
+        (dict(pp=2), []),
+        (dict(pp=2), ['pp_scale']),
+        (dict(tp=2), []),
+        (dict(tp=2), ['sp_norm']),
+        (dict(cp=2), []),
+    ]
     gaps, sent, counts = run_ranks(_train_layouts, 2, runs)[0]
     for layout, ours, torchs in counts:  # StepCost saw every collective torch's CommDebugMode saw
         assert ours == torchs, (layout, ours, torchs)
@@ -149,5 +165,7 @@ def test_each_planted_bug_is_caught_and_each_correct_layout_is_not():
     assert 'all_reduce' in sent[4], sent[4]
     # cp: the gradients' all-reduce and ring attention's messages, exactly as the cost model counts
     tokens = NUM_SEQS * SEQ_LEN
-    assert sum(sent[6].values()) == capstone.layout_cost(dict(cp=2), num_params, tokens, MODEL['dim'],
-                                                         MODEL['num_layers'])[0], sent[6]
+    assert (
+        sum(sent[6].values())
+        == capstone.layout_cost(dict(cp=2), num_params, tokens, MODEL['dim'], MODEL['num_layers'])[0]
+    ), sent[6]

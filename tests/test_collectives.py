@@ -22,8 +22,7 @@ def _data(rank, numel, dtype, seed):
 def _assert_same(actual, expected):
     # Floats summed in another order differ in the last bits; integers must be exact.
     exact = not actual.dtype.is_floating_point
-    torch.testing.assert_close(actual, expected, rtol=0 if exact else None,
-                               atol=0 if exact else None)
+    torch.testing.assert_close(actual, expected, rtol=0 if exact else None, atol=0 if exact else None)
 
 
 def _check_all(rank, n):

@@ -4,6 +4,7 @@ The notebook writes its scripts with `%%writefile {work}/NAME` and the saved cel
 `{work}/collectives_steps.py` (d2lpar.save_cells). These tests build the same folder from the
 notebook file: an edit that breaks a saved cell must make the next launch fail.
 """
+
 import json
 import runpy
 import sys
@@ -63,9 +64,14 @@ def test_an_edit_to_a_saved_cell_reaches_the_launch(tmp_path):
     # A ring all-gather that stops one step short leaves a block unsummed on every rank.
     broken_dir = tmp_path / 'broken'
     broken_dir.mkdir()
-    broken = work_folder(broken_dir, 'check_collectives.py', edit=(
-        'for step in range(n - 1):\n        send, recv = (rank - step) % n',
-        'for step in range(n - 2):\n        send, recv = (rank - step) % n'))
+    broken = work_folder(
+        broken_dir,
+        'check_collectives.py',
+        edit=(
+            'for step in range(n - 1):\n        send, recv = (rank - step) % n',
+            'for step in range(n - 2):\n        send, recv = (rank - step) % n',
+        ),
+    )
     launched = launch(broken, nproc=2, timeout=120, echo=False)
     assert not launched.ok and 'AssertionError' in launched.text()
 
@@ -85,14 +91,12 @@ def joining_kwargs(monkeypatch, run):
     monkeypatch.setattr(torch.distributed, 'init_process_group', fake_init)
     monkeypatch.setattr(distributed, 'pick_backend', lambda *a, **k: 'nccl')
     # cuda:0 without asking CUDA (there may be none): what rank_device gives local rank 0.
-    monkeypatch.setattr(distributed, 'rank_device', lambda backend, local_rank=0:
-                        torch.device('cuda', local_rank))
-    for name, value in {'RANK': '0', 'LOCAL_RANK': '0', 'WORLD_SIZE': '2',
-                        'LOCAL_WORLD_SIZE': '2'}.items():
+    monkeypatch.setattr(distributed, 'rank_device', lambda backend, local_rank=0: torch.device('cuda', local_rank))
+    for name, value in {'RANK': '0', 'LOCAL_RANK': '0', 'WORLD_SIZE': '2', 'LOCAL_WORLD_SIZE': '2'}.items():
         monkeypatch.setenv(name, value)
     with pytest.raises(Joined):
         run()
-    (args, kwargs), = calls
+    ((args, kwargs),) = calls
     return args, kwargs
 
 
@@ -107,6 +111,5 @@ def test_the_notebook_script_joins_nccl_with_its_device(tmp_path, monkeypatch):
 def test_the_benchmark_script_joins_nccl_with_its_device(monkeypatch):
     path = ROOT / 'notebooks' / 'scripts' / 'collectives_miniddp.py'
     monkeypatch.setattr(sys, 'argv', [str(path), '--variant', 'hook'])
-    args, kwargs = joining_kwargs(monkeypatch, lambda: runpy.run_path(str(path),
-                                                                      run_name='__main__'))
+    args, kwargs = joining_kwargs(monkeypatch, lambda: runpy.run_path(str(path), run_name='__main__'))
     assert args == ('nccl',) and kwargs['device_id'] == torch.device('cuda', 0)

@@ -1,4 +1,5 @@
 """Ring attention and the online-softmax merge, against PyTorch's attention."""
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -28,7 +29,7 @@ def test_merging_blocks_equals_the_softmax_over_all_keys():
 def test_zigzag_split_round_trip_and_chunks():
     assert CP.sequence_chunks(3) == [[0, 5], [1, 4], [2, 3]]
     assert CP.sequence_chunks(3, zigzag=False) == [[0], [1], [2]]
-    X = torch.arange(12.).view(12, 1)
+    X = torch.arange(12.0).view(12, 1)
     parts = [CP.shard_sequence(X, 3, r) for r in range(3)]
     assert parts[0].view(-1).tolist() == [0, 1, 10, 11]
     assert sorted(torch.cat(parts).view(-1).tolist()) == X.view(-1).tolist()
@@ -39,13 +40,15 @@ def test_zigzag_split_round_trip_and_chunks():
     assert CP.ring_attention_bytes(4, 100) == (600, 1400)
 
 
-@pytest.mark.parametrize('call, message', [
-    (lambda: CP.shard_sequence(torch.ones(10, 2), 3, 0), 'divisible by 6'),
-    (lambda: CP.shard_sequence(torch.ones(12, 2), 3, 3), 'rank must be in 0..2'),
-    (lambda: CP.merge_attention(torch.ones(2, 3), torch.ones(2), torch.ones(2, 3), torch.ones(2)),
-     'shape'),
-    (lambda: CP.ring_attention(*[torch.ones(4, 2)] * 3), 'init_process_group'),
-])
+@pytest.mark.parametrize(
+    'call, message',
+    [
+        (lambda: CP.shard_sequence(torch.ones(10, 2), 3, 0), 'divisible by 6'),
+        (lambda: CP.shard_sequence(torch.ones(12, 2), 3, 3), 'rank must be in 0..2'),
+        (lambda: CP.merge_attention(torch.ones(2, 3), torch.ones(2), torch.ones(2, 3), torch.ones(2)), 'shape'),
+        (lambda: CP.ring_attention(*[torch.ones(4, 2)] * 3), 'init_process_group'),
+    ],
+)
 def test_bad_input_is_named(call, message):
     with pytest.raises((ValueError, RuntimeError), match=message):
         call()
@@ -72,14 +75,17 @@ def _ranks(rank, n):
             full_in = [t.clone().requires_grad_() for t in (Q, K, V)]
             full = F.scaled_dot_product_attention(*full_in, is_causal=causal)
             full.backward(G)
-            pairs = zip((out.detach(), q.grad, k.grad, v.grad),
-                        [full.detach()] + [t.grad for t in full_in])
-            equal = [(a - CP.shard_sequence(b, n, rank, zigzag)).abs().max().item()
-                     <= S * EPS * b.abs().max().item() for a, b in pairs]
+            pairs = zip((out.detach(), q.grad, k.grad, v.grad), [full.detach()] + [t.grad for t in full_in])
+            equal = [
+                (a - CP.shard_sequence(b, n, rank, zigzag)).abs().max().item() <= S * EPS * b.abs().max().item()
+                for a, b in pairs
+            ]
             results[name, causal, zigzag] = {
-                'equal': equal, 'scores': stats['scores'],
+                'equal': equal,
+                'scores': stats['scores'],
                 'sent': calls['isend']['bytes'] + calls['send']['bytes'],
-                'predicted': sum(CP.ring_attention_bytes(n, k.numel() * 8))}
+                'predicted': sum(CP.ring_attention_bytes(n, k.numel() * 8)),
+            }
     return results
 
 
@@ -113,8 +119,10 @@ def _subgroup_ranks(rank, n):
     full_in = [t.clone().requires_grad_() for t in (Q, K, V)]
     full = F.scaled_dot_product_attention(*full_in, is_causal=True)
     full.backward(G)
-    return [(a - CP.shard_sequence(b, 2, me)).abs().max().item() / (S * EPS * b.abs().max().item())
-            for a, b in zip((out.detach(), q.grad, k.grad, v.grad), [full.detach()] + [t.grad for t in full_in])]
+    return [
+        (a - CP.shard_sequence(b, 2, me)).abs().max().item() / (S * EPS * b.abs().max().item())
+        for a, b in zip((out.detach(), q.grad, k.grad, v.grad), [full.detach()] + [t.grad for t in full_in])
+    ]
 
 
 def test_ring_attention_within_subgroups():

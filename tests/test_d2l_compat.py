@@ -4,6 +4,7 @@ The training loops below are written the way those chapters write them, against
 d2l's names only, and run on CPU slots; each is checked against a plain
 one-device reference.
 """
+
 import inspect
 import itertools
 
@@ -38,15 +39,15 @@ SIGNATURES = {
 def test_d2l_names_exist_with_d2l_signatures(name):
     obj = getattr(d2l, name)
     names = list(inspect.signature(obj).parameters)
-    assert names[:len(SIGNATURES[name])] == SIGNATURES[name], names
+    assert names[: len(SIGNATURES[name])] == SIGNATURES[name], names
 
 
 def test_sgd_is_plain_minibatch_sgd():
     torch.manual_seed(0)
     w = torch.randn(3, requires_grad=True)
     reference = w.detach().clone().requires_grad_()
-    (w * torch.arange(3.)).sum().backward()
-    (reference * torch.arange(3.)).sum().backward()
+    (w * torch.arange(3.0)).sum().backward()
+    (reference * torch.arange(3.0)).sum().backward()
     optimizer = torch.optim.SGD([reference], lr=0.5 / 4)  # d2l's sgd divides by the batch size
     optimizer.step()
     d2l.sgd([w], 0.5, 4)
@@ -58,8 +59,10 @@ def train_batch(X, y, device_params, devices, lr):
     """One data-parallel step, as the from-scratch chapter writes it."""
     loss = nn.CrossEntropyLoss(reduction='none')
     X_shards, y_shards = d2l.split_batch(X, y, devices)
-    ls = [loss(d2l.lenet(X_shard, device_W), y_shard).sum()
-          for X_shard, y_shard, device_W in zip(X_shards, y_shards, device_params)]
+    ls = [
+        loss(d2l.lenet(X_shard, device_W), y_shard).sum()
+        for X_shard, y_shard, device_W in zip(X_shards, y_shards, device_params)
+    ]
     for l in ls:
         l.backward()
     with torch.no_grad():
@@ -91,8 +94,7 @@ def test_the_from_scratch_chapter_runs_on_cpu_slots():
         for p, q in zip(replica, reference):
             torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-9, atol=1e-12)
     small_test = d2l.TensorLoader(test_iter.X[:512].double(), test_iter.y[:512], 256)
-    acc = d2l.evaluate_accuracy_gpu(lambda x: d2l.lenet(x, device_params[0]), small_test,
-                                    devices[0])
+    acc = d2l.evaluate_accuracy_gpu(lambda x: d2l.lenet(x, device_params[0]), small_test, devices[0])
     animator.add(1, (acc,))
     assert 0 <= acc <= 1 and animator.Y[0][-1] == acc and animator.axes[0] is not None
     assert timer.avg() > 0
@@ -100,15 +102,27 @@ def test_the_from_scratch_chapter_runs_on_cpu_slots():
 
 def resnet18(num_classes, in_channels=1):
     """A small ResNet, as the concise chapter builds it from d2l.Residual."""
+
     def resnet_block(out_channels, num_residuals, first_block=False):
-        return nn.Sequential(*[
-            d2l.Residual(out_channels, use_1x1conv=True, strides=2)
-            if i == 0 and not first_block else d2l.Residual(out_channels)
-            for i in range(num_residuals)])
+        return nn.Sequential(
+            *[
+                d2l.Residual(out_channels, use_1x1conv=True, strides=2)
+                if i == 0 and not first_block
+                else d2l.Residual(out_channels)
+                for i in range(num_residuals)
+            ]
+        )
+
     return nn.Sequential(
-        nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1), nn.BatchNorm2d(64),
-        nn.ReLU(), resnet_block(64, 2, first_block=True), resnet_block(128, 2),
-        nn.AdaptiveAvgPool2d((1, 1)), nn.Flatten(), nn.Linear(128, num_classes))
+        nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1),
+        nn.BatchNorm2d(64),
+        nn.ReLU(),
+        resnet_block(64, 2, first_block=True),
+        resnet_block(128, 2),
+        nn.AdaptiveAvgPool2d((1, 1)),
+        nn.Flatten(),
+        nn.Linear(128, num_classes),
+    )
 
 
 def test_the_concise_chapter_runs_with_dataparallel():
@@ -145,11 +159,14 @@ def test_residual_is_two_convolutions_and_a_shortcut():
     assert same(X).shape == X.shape and same.conv3 is None
 
 
-@pytest.mark.parametrize('args, error, message', [
-    ((0,), ValueError, 'num_channels must be a positive int'),
-    ((3, 6), TypeError, 'use_1x1conv must be True or False.*older d2l'),
-    ((3, False, 0), ValueError, 'strides must be a positive int'),
-])
+@pytest.mark.parametrize(
+    'args, error, message',
+    [
+        ((0,), ValueError, 'num_channels must be a positive int'),
+        ((3, 6), TypeError, 'use_1x1conv must be True or False.*older d2l'),
+        ((3, False, 0), ValueError, 'strides must be a positive int'),
+    ],
+)
 def test_residual_refuses_bad_arguments(args, error, message):
     with pytest.raises(error, match=message):
         d2l.Residual(*args)

@@ -1,4 +1,5 @@
 """Fashion-MNIST loading: the stand-in, file checks, atomic writes and fallbacks."""
+
 import os
 import subprocess
 import sys
@@ -124,8 +125,9 @@ def test_failed_download_falls_back_and_leaves_nothing(tmp_path, monkeypatch, ca
 
     monkeypatch.setattr(torchvision.datasets, 'FashionMNIST', no_network)
     monkeypatch.setattr(data, '_prepare_standin', lambda root: raw_of(standin_root))
-    monkeypatch.setattr(data, '_read', lambda raw, train: (torch.zeros(4, 1, 28, 28),
-                                                           torch.zeros(4, dtype=torch.int64)))
+    monkeypatch.setattr(
+        data, '_read', lambda raw, train: (torch.zeros(4, 1, 28, 28), torch.zeros(4, dtype=torch.int64))
+    )
     d2lpar.load_data_fashion_mnist(2, root=tmp_path)
     err = capsys.readouterr().err
     assert calls and calls[0][1] is True
@@ -150,8 +152,10 @@ def test_atomic_write_leaves_no_partial_file(tmp_path, monkeypatch):
 
 def test_two_processes_prepare_at_once(tmp_path):
     code = 'import sys, pathlib, d2lpar.data as d; d._prepare_standin(pathlib.Path(sys.argv[1]))'
-    procs = [subprocess.Popen([sys.executable, '-c', code, str(tmp_path)],
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen([sys.executable, '-c', code, str(tmp_path)], stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     for p in procs:
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err
@@ -160,7 +164,7 @@ def test_two_processes_prepare_at_once(tmp_path):
 
 
 def test_tensor_loader_order():
-    X, y = torch.arange(10.).reshape(10, 1), torch.arange(10)
+    X, y = torch.arange(10.0).reshape(10, 1), torch.arange(10)
     loader = d2lpar.TensorLoader(X, y, 4)
     assert [b.tolist() for _, b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
     shuffled = d2lpar.TensorLoader(X, y, 4, shuffle=True)
@@ -211,13 +215,15 @@ def test_text_labels():
             d2lpar.get_fashion_mnist_labels(bad)
 
 
-@pytest.mark.parametrize('damage, why', [
-    ('labels', 'has [6001, 5999, 6000'),
-    ('range', 'holds labels outside 0..9'),
-    ('archive', 'does not match the MD5 torchvision records'),
-])
-def test_a_damaged_real_file_is_named_when_the_standin_is_used(standin_root, tmp_path, capsys,
-                                                               damage, why):
+@pytest.mark.parametrize(
+    'damage, why',
+    [
+        ('labels', 'has [6001, 5999, 6000'),
+        ('range', 'holds labels outside 0..9'),
+        ('archive', 'does not match the MD5 torchvision records'),
+    ],
+)
+def test_a_damaged_real_file_is_named_when_the_standin_is_used(standin_root, tmp_path, capsys, damage, why):
     real = fake_real(standin_root, tmp_path)
     labels = real / 'train-labels-idx1-ubyte'
     body = bytearray(labels.read_bytes())
@@ -251,14 +257,15 @@ def test_what_an_interrupted_writer_left_is_removed(standin_root, tmp_path, caps
 
 def test_leftovers_of_a_writer_at_work_are_kept(tmp_path):
     import fcntl
+
     folder = tmp_path / 'standin' / 'FashionMNIST'
     (folder / 'raw').mkdir(parents=True)
     busy = folder / 'raw' / '.t10k-images-idx3-ubyte.abc.tmp'
     busy.write_bytes(b'half')
     with open(folder / '.lock', 'w') as f:  # another process holds the lock: it is writing
         fcntl.flock(f, fcntl.LOCK_EX)
-        code = ('import sys, pathlib, d2lpar.data as d; '
-                'print(d._remove_leftovers(pathlib.Path(sys.argv[1])))')
-        out = subprocess.run([sys.executable, '-c', code, str(folder)], capture_output=True,
-                             text=True, timeout=120).stdout
+        code = 'import sys, pathlib, d2lpar.data as d; print(d._remove_leftovers(pathlib.Path(sys.argv[1])))'
+        out = subprocess.run(
+            [sys.executable, '-c', code, str(folder)], capture_output=True, text=True, timeout=120
+        ).stdout
     assert out.strip() == '[]' and busy.exists()

@@ -1,4 +1,5 @@
 """DataParallel by hand, checked against single-device PyTorch (and nn.DataParallel on 2+ GPUs)."""
+
 import os
 import threading
 
@@ -14,8 +15,9 @@ CPU = torch.device('cpu')
 
 def small_cnn(dtype=torch.float64):
     torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                         nn.Flatten(), nn.Linear(4 * 4 * 4, 10)).to(dtype)
+    return nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(4 * 4 * 4, 10)
+    ).to(dtype)
 
 
 def grads(net):
@@ -119,8 +121,7 @@ def test_parallel_apply_carries_grad_mode_and_reports_failures():
         assert d2lpar.data_parallel(net, X, [CPU, CPU]).grad_fn is None
     assert d2lpar.data_parallel(net, X, [CPU, CPU]).grad_fn is not None
     with torch.autocast('cpu', dtype=torch.bfloat16):  # autocast is per thread too
-        assert d2lpar.data_parallel(nn.Linear(4, 2), torch.randn(4, 4), [CPU, CPU]).dtype == \
-            torch.bfloat16
+        assert d2lpar.data_parallel(nn.Linear(4, 2), torch.randn(4, 4), [CPU, CPU]).dtype == torch.bfloat16
 
     class FailOnSmall(nn.Module):
         def forward(self, X):
@@ -137,8 +138,7 @@ def test_parallel_apply_carries_grad_mode_and_reports_failures():
 def test_gather_scalars_tuples_dicts():
     losses = [torch.tensor(1.0), torch.tensor(3.0)]
     torch.testing.assert_close(d2lpar.gather(losses, CPU), torch.tensor([1.0, 3.0]))
-    parts = [(torch.ones(2, 1), {'a': torch.zeros(1, 2)}),
-             (torch.ones(1, 1), {'a': torch.ones(3, 2)})]
+    parts = [(torch.ones(2, 1), {'a': torch.zeros(1, 2)}), (torch.ones(1, 1), {'a': torch.ones(3, 2)})]
     first, second = d2lpar.gather(parts, CPU)
     assert first.shape == (3, 1) and second['a'].shape == (4, 2)
     with pytest.raises(TypeError, match='cannot gather outputs of type str'):
@@ -162,8 +162,7 @@ def test_batchnorm_buffers_follow_replica_zero():
 
 def test_state_dict_has_the_module_prefix_like_nn_dataparallel():
     net = small_cnn()
-    assert list(d2lpar.HandDataParallel(net, [CPU]).state_dict()) == list(
-        nn.DataParallel(net).state_dict())
+    assert list(d2lpar.HandDataParallel(net, [CPU]).state_dict()) == list(nn.DataParallel(net).state_dict())
 
 
 @pytest.mark.skipif(d2lpar.num_gpus() < 2, reason='needs 2 GPUs to run nn.DataParallel')
@@ -190,8 +189,7 @@ class WithSubmodule(nn.Module):
         self.submodule = nn.Linear(2, 2)
 
 
-@pytest.mark.parametrize('source_wrapped,target_wrapped', [(True, False), (False, True),
-                                                           (True, True), (False, False)])
+@pytest.mark.parametrize('source_wrapped,target_wrapped', [(True, False), (False, True), (True, True), (False, False)])
 def test_load_state_dict_flexible_adds_or_strips_the_prefix(source_wrapped, target_wrapped):
     source, target = WithSubmodule(), WithSubmodule()
     saved = (nn.DataParallel(source) if source_wrapped else source).state_dict()
@@ -230,8 +228,9 @@ def test_save_checkpoint_round_trip_and_errors(tmp_path):
     net = small_cnn()
     path = d2lpar.save_checkpoint(nn.DataParallel(net).state_dict(), tmp_path / 'ckpt.pt')
     loaded = torch.load(path, map_location='cpu', weights_only=True)
-    fresh = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                          nn.Flatten(), nn.Linear(16 * 4, 10)).double()
+    fresh = nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(16 * 4, 10)
+    ).double()
     d2lpar.load_state_dict_flexible(fresh, loaded)
     for p, q in zip(net.parameters(), fresh.parameters()):  # net is on cuda:0 if there is one GPU
         torch.testing.assert_close(q, p.cpu(), rtol=0, atol=0)
@@ -246,6 +245,7 @@ def test_save_checkpoint_round_trip_and_errors(tmp_path):
 
 def test_a_checkpoint_with_an_arbitrary_object_is_refused_by_weights_only(tmp_path):
     import pickle
+
     path = d2lpar.save_checkpoint({'weight': torch.ones(2), 'extra': _Anything()}, tmp_path / 'x.pt')
     with pytest.raises(pickle.UnpicklingError):
         torch.load(path, weights_only=True)
@@ -274,8 +274,11 @@ def test_an_unindexed_cuda_device_means_the_current_one(monkeypatch):
     for current in (0, 1):
         monkeypatch.setattr(torch.cuda, 'current_device', lambda: current)
         assert _normalize_devices(['cuda', 'cuda:1', CPU, torch.device('cuda')], 'replicate') == [
-            torch.device('cuda', current), torch.device('cuda', 1), CPU,
-            torch.device('cuda', current)]
+            torch.device('cuda', current),
+            torch.device('cuda', 1),
+            CPU,
+            torch.device('cuda', current),
+        ]
         if current == 0:
             (_, devices), _ = _check_replicate(OnCuda0(), ['cuda', 'cuda:1'])
             assert devices == [torch.device('cuda', 0), torch.device('cuda', 1)]
@@ -341,8 +344,10 @@ def test_comparisons_across_devices_go_through_cpu_copies():
     import ast
     import json
     from pathlib import Path
-    cells = json.loads((Path(__file__).resolve().parent.parent / 'notebooks' /
-                        '03_data_parallel.ipynb').read_text())['cells']
+
+    cells = json.loads((Path(__file__).resolve().parent.parent / 'notebooks' / '03_data_parallel.ipynb').read_text())[
+        'cells'
+    ]
     compared = 0
     for cell in cells:
         if cell['cell_type'] != 'code':
@@ -351,13 +356,13 @@ def test_comparisons_across_devices_go_through_cpu_copies():
             if not isinstance(node, ast.Call):
                 continue
             name = ast.unparse(node.func)
-            if name in ('torch.testing.assert_close', 'torch.equal', 'torch.allclose',
-                        'torch.isclose'):
+            if name in ('torch.testing.assert_close', 'torch.equal', 'torch.allclose', 'torch.isclose'):
                 compared += 1
                 for arg in node.args[:2]:
                     text = ast.unparse(arg)
-                    assert text.startswith('on_cpu(') or text.endswith('.cpu()'), \
+                    assert text.startswith('on_cpu(') or text.endswith('.cpu()'), (
                         f'notebook 3 compares {text} without a CPU copy: {ast.unparse(node)}'
+                    )
             elif name == 'assert_close_on_cpu':
                 compared += 1
     assert compared > 20

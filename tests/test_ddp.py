@@ -3,6 +3,7 @@
 The multi-process runs are in tests/test_ddp_scripts.py and the notebooks; here the
 functions are checked against plain PyTorch and for what bad input and crashes leave behind.
 """
+
 import datetime
 import os
 
@@ -33,8 +34,9 @@ def test_train_ddp_in_one_process_is_the_plain_loop():
     net, optimizer = net_and_optimizer()
     sampler, train_iter = make_loader(dataset, 16, 1, 0, seed=3)
     seen = []
-    losses = train_ddp(net, sampler, train_iter, optimizer, 'cpu', 3,
-                       on_epoch_end=lambda epoch, loss: seen.append((epoch, loss)))
+    losses = train_ddp(
+        net, sampler, train_iter, optimizer, 'cpu', 3, on_epoch_end=lambda epoch, loss: seen.append((epoch, loss))
+    )
     # the same by hand: the permutation DistributedSampler draws (seed + epoch), 4 full batches
     ref, ref_opt = net_and_optimizer()
     X, y = dataset.tensors
@@ -94,14 +96,17 @@ def test_init_process_accepts_a_store_instead_of_an_init_method():
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize('kwargs, message', [
-    (dict(backend='nccl2'), 'unknown backend'),
-    (dict(rank=2, world_size=2), 'must be below world_size'),
-    (dict(rank=-1), 'rank must be an int >= 0'),
-    (dict(world_size=0), 'world_size must be a positive int'),
-    (dict(timeout=60), 'positive datetime.timedelta'),
-    (dict(backend='nccl', local_rank=torch.cuda.device_count() + 3), 'GPU(s) are visible'),
-])
+@pytest.mark.parametrize(
+    'kwargs, message',
+    [
+        (dict(backend='nccl2'), 'unknown backend'),
+        (dict(rank=2, world_size=2), 'must be below world_size'),
+        (dict(rank=-1), 'rank must be an int >= 0'),
+        (dict(world_size=0), 'world_size must be a positive int'),
+        (dict(timeout=60), 'positive datetime.timedelta'),
+        (dict(backend='nccl', local_rank=torch.cuda.device_count() + 3), 'GPU(s) are visible'),
+    ],
+)
 def test_init_process_refuses_bad_arguments_before_joining(kwargs, message):
     call = dict(backend='gloo', rank=0, world_size=1, local_rank=0)
     call.update(kwargs)

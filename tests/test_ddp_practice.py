@@ -1,4 +1,5 @@
 """d2lpar.ddp_practice against single-process PyTorch: accumulation, join, evaluation, workers."""
+
 import os
 
 import pytest
@@ -47,15 +48,18 @@ def join_reference(counts, batch=5):
     opt = torch.optim.SGD(net.parameters(), lr=LR)
     shards, start = [], 0
     for c in counts:
-        shards.append([(X[start + i * batch:start + (i + 1) * batch],
-                        y[start + i * batch:start + (i + 1) * batch]) for i in range(c)])
+        shards.append(
+            [
+                (X[start + i * batch : start + (i + 1) * batch], y[start + i * batch : start + (i + 1) * batch])
+                for i in range(c)
+            ]
+        )
         start += c * batch
     for t in range(max(counts)):
         opt.zero_grad()
         for r, c in enumerate(counts):
             if t < c:
-                (nn.functional.cross_entropy(net(shards[r][t][0]), shards[r][t][1])
-                 / len(counts)).backward()
+                (nn.functional.cross_entropy(net(shards[r][t][0]), shards[r][t][1]) / len(counts)).backward()
         opt.step()
     return flat(net), shards
 
@@ -64,8 +68,7 @@ def worker(rank, world_size):
     out = {}
     X, y = data(WORLD * K * MICRO)
     lo = rank * K * MICRO
-    mine = [(X[lo + i:lo + i + MICRO], y[lo + i:lo + i + MICRO])
-            for i in range(0, K * MICRO, MICRO)]
+    mine = [(X[lo + i : lo + i + MICRO], y[lo + i : lo + i + MICRO]) for i in range(0, K * MICRO, MICRO)]
     calls = {}
     for name, sync_every in (('no_sync', False), ('every', True)):
         net = DDP(make_net(), bucket_cap_mb=0.0005)  # about 500 B: several buckets
@@ -79,8 +82,7 @@ def worker(rank, world_size):
                     (nn.functional.cross_entropy(net(Xm), ym) / K).backward()
                 opt.step()
             else:
-                ddp_practice.accumulate_step(net, opt, mine,
-                                             nn.functional.cross_entropy)
+                ddp_practice.accumulate_step(net, opt, mine, nn.functional.cross_entropy)
         calls[name] = counted['all_reduce']['calls']
         out[name] = flat(net.module).tolist()
     with count_calls(('all_reduce',)) as counted:
@@ -91,16 +93,16 @@ def worker(rank, world_size):
     counts = [2, 4]
     _, shards = join_reference(counts)
     net = DDP(make_net())
-    steps = ddp_practice.train_uneven(net, torch.optim.SGD(net.parameters(), lr=LR),
-                                      shards[rank], nn.functional.cross_entropy)
+    steps = ddp_practice.train_uneven(
+        net, torch.optim.SGD(net.parameters(), lr=LR), shards[rank], nn.functional.cross_entropy
+    )
     out['join'] = (steps, flat(net.module).tolist())
 
     evaluations = {}
     for n in (7, 1, 8):  # 1 pad, rank 1 all padding, no padding
         Xe, ye = data(n, seed=3)
         evaluated = make_net().train()
-        evaluations[n] = ddp_practice.evaluate_distributed(
-            evaluated, torch.utils.data.TensorDataset(Xe, ye), 3)
+        evaluations[n] = ddp_practice.evaluate_distributed(evaluated, torch.utils.data.TensorDataset(Xe, ye), 3)
         assert evaluated.training  # back in the mode it came in
     out['evaluate'] = evaluations
     return out
@@ -115,8 +117,7 @@ def test_accumulation_equals_one_step_on_the_global_batch(ranks):
     want = big_batch_reference()
     for rank in range(WORLD):
         for name in ('no_sync', 'every'):
-            torch.testing.assert_close(torch.tensor(ranks[rank][name]), want, rtol=1e-5,
-                                       atol=1e-6)
+            torch.testing.assert_close(torch.tensor(ranks[rank][name]), want, rtol=1e-5, atol=1e-6)
     assert not torch.allclose(want, flat(make_net()))  # the step moved the parameters
 
 
@@ -132,8 +133,7 @@ def test_join_finishes_uneven_ranks_with_the_expected_update(ranks):
     want, _ = join_reference([2, 4])
     assert [ranks[r]['join'][0] for r in range(WORLD)] == [2, 4]
     for rank in range(WORLD):
-        torch.testing.assert_close(torch.tensor(ranks[rank]['join'][1]), want, rtol=1e-5,
-                                   atol=1e-6)
+        torch.testing.assert_close(torch.tensor(ranks[rank]['join'][1]), want, rtol=1e-5, atol=1e-6)
 
 
 def test_distributed_evaluation_counts_each_sample_once(ranks):
@@ -150,8 +150,7 @@ def test_amp_step_stays_close_to_float32():
     X, y = data(16)
     net32, net16 = make_net(), make_net()
     loss32 = nn.functional.cross_entropy(net32(X), y)
-    loss16 = ddp_practice.amp_step(net16, torch.optim.SGD(net16.parameters(), lr=LR), X, y,
-                                   nn.functional.cross_entropy)
+    loss16 = ddp_practice.amp_step(net16, torch.optim.SGD(net16.parameters(), lr=LR), X, y, nn.functional.cross_entropy)
     assert loss16.dtype == torch.float32
     assert abs(loss16.item() - loss32.item()) < 1e-2 * abs(loss32.item())
     assert all(p.dtype == torch.float32 for p in net16.parameters())
@@ -175,6 +174,7 @@ def test_loader_workers_fit_the_cores():
 
 def test_counting_backend_sees_the_graph_and_compiles_it():
     import torch._dynamo
+
     graphs = []
     torch._dynamo.reset()
     try:
@@ -198,10 +198,14 @@ def test_cxx_compiler_is_found_on_the_path_or_none(monkeypatch, tmp_path):
 
 
 def test_overlap_report_reads_launches_before_the_last_gradient():
-    intervals = [('step 0', 0, 100, 1), ('backward', 10, 99, 1),
-                 ('autograd::engine::evaluate_function: A', 12, 20, 1),
-                 ('c10d::allreduce_', 21, 22, 1), ('gloo:all_reduce', 22, 40, 7),
-                 ('autograd::engine::evaluate_function: B', 30, 50, 1)]
+    intervals = [
+        ('step 0', 0, 100, 1),
+        ('backward', 10, 99, 1),
+        ('autograd::engine::evaluate_function: A', 12, 20, 1),
+        ('c10d::allreduce_', 21, 22, 1),
+        ('gloo:all_reduce', 22, 40, 7),
+        ('autograd::engine::evaluate_function: B', 30, 50, 1),
+    ]
     (step,) = ddp_practice.overlap_report(intervals)
     assert step['first_launch'] == 21 and step['last_grad_start'] == 30
     assert step['grads_end'] == 50 and step['work_overlap_us'] == 18 and step['allreduces'] == 1
@@ -220,12 +224,13 @@ def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match='accumulate_step: micro_batches is empty'):
         ddp_practice.accumulate_step(Syncless(), opt, [], nn.functional.cross_entropy)
     with pytest.raises(TypeError, match='accumulate_step: each micro-batch'):
-        ddp_practice.accumulate_step(Syncless(), opt, [torch.ones(2)],
-                                     nn.functional.cross_entropy)
-    with pytest.raises(ValueError, match=r'accumulate_step: micro-batches must have equal '
-                       r'sizes, got \[3, 4\]'):
-        ddp_practice.accumulate_step(Syncless(), opt, [data(3), data(4)],
-                                     nn.functional.cross_entropy)
+        ddp_practice.accumulate_step(Syncless(), opt, [torch.ones(2)], nn.functional.cross_entropy)
+    with pytest.raises(
+        ValueError,
+        match=r'accumulate_step: micro-batches must have equal '
+        r'sizes, got \[3, 4\]',
+    ):
+        ddp_practice.accumulate_step(Syncless(), opt, [data(3), data(4)], nn.functional.cross_entropy)
     with pytest.raises(TypeError, match='train_uneven: net must be'):
         ddp_practice.train_uneven(net, opt, [], nn.functional.cross_entropy)
     with pytest.raises(RuntimeError, match='evaluate_distributed: no process group'):
@@ -246,6 +251,7 @@ def test_evaluate_distributed_names_a_dataset_without_length(monkeypatch):
 
 def test_profile_intervals_keeps_the_named_events_in_time_order(tmp_path):
     from torch.profiler import ProfilerActivity, profile, record_function
+
     net = make_net()
     X, y = data(8)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -269,6 +275,7 @@ def test_profile_intervals_keeps_the_named_events_in_time_order(tmp_path):
 
 def test_the_script_opens_with_its_command_and_ends_with_exit_now():
     from pathlib import Path
+
     script = Path(__file__).resolve().parent.parent / 'notebooks' / 'scripts' / 'ddp_practice.py'
     text = script.read_text()
     run = [line for line in text.splitlines()[:4] if line.startswith('Run:  ')]
@@ -291,12 +298,13 @@ def test_profile_intervals_drops_the_gpu_copies_of_each_range():
     # twice, once as a gpu_user_annotation (device_type CUDA) of the same name.
     from torch.autograd import DeviceType
     from torch.autograd.profiler_util import FunctionEvent
+
     events = []
-    for i, (name, start, end) in enumerate([('step 0', 0, 100), ('backward', 10, 90),
-                                             ('nccl:all_reduce', 30, 60)]):
+    for i, (name, start, end) in enumerate([('step 0', 0, 100), ('backward', 10, 90), ('nccl:all_reduce', 30, 60)]):
         events.append(FunctionEvent(2 * i, name, thread=1, start_us=start, end_us=end))
-        events.append(FunctionEvent(2 * i + 1, name, thread=7, start_us=start + 1,
-                                    end_us=end + 1, device_type=DeviceType.CUDA))
+        events.append(
+            FunctionEvent(2 * i + 1, name, thread=7, start_us=start + 1, end_us=end + 1, device_type=DeviceType.CUDA)
+        )
     intervals = ddp_practice.profile_intervals(FakeProfile(events))
     assert [e[0] for e in intervals] == ['step 0', 'backward', 'nccl:all_reduce']
     assert [e[3] for e in intervals] == [1, 1, 1]  # the CPU ones
@@ -307,17 +315,15 @@ def test_loader_pins_only_where_the_dataloader_really_pins(monkeypatch):
     import warnings
 
     from torch.utils.data import DataLoader, TensorDataset
+
     assert ddp_practice.loader_pins() == torch.accelerator.is_available()  # no MPS here
     monkeypatch.setattr(torch.accelerator, 'is_available', lambda: True)
-    monkeypatch.setattr(torch.accelerator, 'current_accelerator',
-                        lambda *a, **k: torch.device('mps'))
+    monkeypatch.setattr(torch.accelerator, 'current_accelerator', lambda *a, **k: torch.device('mps'))
     with warnings.catch_warnings(record=True):
         warnings.simplefilter('always')
-        (X,) = next(iter(DataLoader(TensorDataset(torch.arange(4.0)), batch_size=2,
-                                    pin_memory=True)))
+        (X,) = next(iter(DataLoader(TensorDataset(torch.arange(4.0)), batch_size=2, pin_memory=True)))
     assert not X.is_pinned() and ddp_practice.loader_pins() is False  # torch's own answer too
-    monkeypatch.setattr(torch.accelerator, 'current_accelerator',
-                        lambda *a, **k: torch.device('cuda'))
+    monkeypatch.setattr(torch.accelerator, 'current_accelerator', lambda *a, **k: torch.device('cuda'))
     assert ddp_practice.loader_pins() is True
 
 
@@ -325,13 +331,15 @@ def test_bf16_in_hardware_says_no_for_a_t4(monkeypatch):
     # issue 24, defect 8: is_bf16_supported() is True on a T4 (compute capability 7.5) because
     # it can emulate bfloat16; only including_emulation=False asks for the hardware.
     from types import SimpleNamespace
+
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
     monkeypatch.setattr(torch.cuda, 'current_device', lambda: 0)
     monkeypatch.setattr(torch.cuda, '_check_bf16_tensor_supported', lambda device: True)
     monkeypatch.setattr(torch.version, 'hip', None)
     for major, native in ((7, False), (8, True), (9, True)):
-        monkeypatch.setattr(torch.cuda, 'get_device_properties',
-                            lambda device, major=major: SimpleNamespace(major=major, minor=5))
+        monkeypatch.setattr(
+            torch.cuda, 'get_device_properties', lambda device, major=major: SimpleNamespace(major=major, minor=5)
+        )
         assert torch.cuda.is_bf16_supported()  # what the course used to trust
         assert ddp_practice.bf16_in_hardware() is native
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
@@ -347,9 +355,12 @@ def test_inductor_works_reports_a_missing_compiler_or_header(monkeypatch, tmp_pa
     # What the probe process prints when Apple's clang lacks libomp (run for real, this
     # takes half a minute: inductor compiles a kernel in a fresh process)
     import subprocess
-    said = ("torch._inductor.exc.InductorError: CppCompileError: C++ compile error\n"
-            "/tmp/x/cpp_prefix.h:5:10: fatal error: 'omp.h' file not found\n"
-            "Set TORCHDYNAMO_VERBOSE=1 for the internal stack trace\n")
+
+    said = (
+        "torch._inductor.exc.InductorError: CppCompileError: C++ compile error\n"
+        "/tmp/x/cpp_prefix.h:5:10: fatal error: 'omp.h' file not found\n"
+        "Set TORCHDYNAMO_VERBOSE=1 for the internal stack trace\n"
+    )
     seen = {}
 
     def fake_run(argv, **kwargs):
@@ -361,8 +372,9 @@ def test_inductor_works_reports_a_missing_compiler_or_header(monkeypatch, tmp_pa
     ok, why = ddp_practice.inductor_works()
     assert not ok and why == "/tmp/x/cpp_prefix.h:5:10: fatal error: 'omp.h' file not found"
     assert seen['TORCHINDUCTOR_CACHE_DIR']  # a fresh cache: a cached kernel would hide it
-    monkeypatch.setattr(probes.subprocess, 'run', lambda argv, **kw: (
-        subprocess.CompletedProcess(argv, 0, 'inductor works\n', '')))
+    monkeypatch.setattr(
+        probes.subprocess, 'run', lambda argv, **kw: subprocess.CompletedProcess(argv, 0, 'inductor works\n', '')
+    )
     assert ddp_practice.inductor_works() == (True, '')
 
 
@@ -371,15 +383,29 @@ def test_on_nccl_the_allreduce_work_is_the_gpu_kernel_not_the_cpu_launch():
     # all-reduce runs on the GPU, possibly after the step's CPU range has ended.
     from torch.autograd import DeviceType
     from torch.autograd.profiler_util import FunctionEvent
-    cpu = [('step 0', 0, 100), ('autograd::engine::evaluate_function: A', 10, 20),
-           ('c10d::allreduce_', 21, 22), ('nccl:all_reduce', 22, 23),
-           ('autograd::engine::evaluate_function: B', 30, 50), ('step 1', 200, 300)]
-    events = [FunctionEvent(i, name, thread=1, start_us=a, end_us=b)
-              for i, (name, a, b) in enumerate(cpu)]
-    events.append(FunctionEvent(10, 'ncclDevKernel_AllReduce_Sum_f32_RING_LL', thread=7,
-                                start_us=40, end_us=140, device_type=DeviceType.CUDA))
-    events.append(FunctionEvent(11, 'volta_sgemm_128x64_nn', thread=7, start_us=30,
-                                end_us=45, device_type=DeviceType.CUDA))  # not NCCL: left out
+
+    cpu = [
+        ('step 0', 0, 100),
+        ('autograd::engine::evaluate_function: A', 10, 20),
+        ('c10d::allreduce_', 21, 22),
+        ('nccl:all_reduce', 22, 23),
+        ('autograd::engine::evaluate_function: B', 30, 50),
+        ('step 1', 200, 300),
+    ]
+    events = [FunctionEvent(i, name, thread=1, start_us=a, end_us=b) for i, (name, a, b) in enumerate(cpu)]
+    events.append(
+        FunctionEvent(
+            10,
+            'ncclDevKernel_AllReduce_Sum_f32_RING_LL',
+            thread=7,
+            start_us=40,
+            end_us=140,
+            device_type=DeviceType.CUDA,
+        )
+    )
+    events.append(
+        FunctionEvent(11, 'volta_sgemm_128x64_nn', thread=7, start_us=30, end_us=45, device_type=DeviceType.CUDA)
+    )  # not NCCL: left out
     intervals = ddp_practice.profile_intervals(FakeProfile(events))
     assert ('nccl kernel', 40, 140, 7) in intervals
     assert not any(e[0].startswith('volta') for e in intervals)

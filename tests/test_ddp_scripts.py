@@ -1,4 +1,5 @@
 """Notebook 5's training scripts: each a small diff of the last, all on one trajectory."""
+
 import difflib
 import re
 import subprocess
@@ -25,11 +26,19 @@ def nothing_left_behind():
 
 
 def test_every_script_opens_with_the_command_that_runs_it():
-    for name in STEPS + ['ddp_restart.py', 'debug_dist.py', 'ddp_anatomy.py', 'hello_dist.py',
-                         'ddp_standalone.py', 'ddp_practice.py', 'nccl_flight_recorder.py',
-                         'ddp_multinode.sbatch',
-                         'collectives_p2p.py', 'collectives_timing.py',
-                         'collectives_miniddp.py']:
+    for name in STEPS + [
+        'ddp_restart.py',
+        'debug_dist.py',
+        'ddp_anatomy.py',
+        'hello_dist.py',
+        'ddp_standalone.py',
+        'ddp_practice.py',
+        'nccl_flight_recorder.py',
+        'ddp_multinode.sbatch',
+        'collectives_p2p.py',
+        'collectives_timing.py',
+        'collectives_miniddp.py',
+    ]:
         path = SCRIPTS / name
         text = path.read_text().replace('\\\n', ' ')  # join continued lines
         run = [line for line in text.splitlines()[:4] if re.match(r'(# )?Run:  ', line)]
@@ -41,8 +50,11 @@ def test_each_step_is_a_small_diff_of_the_previous():
     for before, after, limit in zip(STEPS, STEPS[1:], [65, 30, 30]):
         a = (SCRIPTS / before).read_text().splitlines()
         b = (SCRIPTS / after).read_text().splitlines()
-        changed = [line for line in difflib.unified_diff(a, b, lineterm='', n=0)
-                   if line[:1] in '+-' and not line.startswith(('+++', '---'))]
+        changed = [
+            line
+            for line in difflib.unified_diff(a, b, lineterm='', n=0)
+            if line[:1] in '+-' and not line.startswith(('+++', '---'))
+        ]
         assert len(changed) <= limit, f'{before} -> {after}: {len(changed)} changed lines'
         assert len(changed) < len(b) < 90
 
@@ -50,8 +62,11 @@ def test_each_step_is_a_small_diff_of_the_previous():
 def test_the_restart_script_is_a_small_diff_of_the_torchrun_one():
     a = (SCRIPTS / 'ddp_torchrun.py').read_text().splitlines()
     b = (SCRIPTS / 'ddp_restart.py').read_text().splitlines()
-    changed = [line for line in difflib.unified_diff(a, b, lineterm='', n=0)
-               if line[:1] in '+-' and not line.startswith(('+++', '---'))]
+    changed = [
+        line
+        for line in difflib.unified_diff(a, b, lineterm='', n=0)
+        if line[:1] in '+-' and not line.startswith(('+++', '---'))
+    ]
     assert len(changed) <= 50 and len(b) < 90  # its own #@save cell imported, snapshots, prefix
 
 
@@ -71,8 +86,7 @@ SPAWN_FROM_MAIN = textwrap.dedent('''
 def test_mp_spawn_cannot_run_a_function_defined_in_main():
     # What notebook 5 says about mp.spawn and notebook functions, with the real mp.spawn: the
     # child gets the function by name and cannot find it. Its stderr reaches this pipe.
-    done = subprocess.run([sys.executable, '-c', SPAWN_FROM_MAIN], capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run([sys.executable, '-c', SPAWN_FROM_MAIN], capture_output=True, text=True, timeout=120)
     assert 'parent caught ProcessExitedException' in done.stdout, done.stdout + done.stderr
     assert "Can't get attribute 'hello'" in done.stderr, done.stderr
 
@@ -83,20 +97,23 @@ def flat(values):
 
 @pytest.fixture(scope='module')
 def single():
-    result = launch(SCRIPTS / 'train_single.py', nproc=1, args=SMALL, launcher='python',
-                    timeout=180, echo=False).check()
+    result = launch(
+        SCRIPTS / 'train_single.py', nproc=1, args=SMALL, launcher='python', timeout=180, echo=False
+    ).check()
     return result.by_rank()[0]
 
 
 def test_torchrun_ddp_resumed_from_a_checkpoint_matches_one_process(single, tmp_path):
     ckpt = str(tmp_path / 'ckpt.pt')
-    first = launch(SCRIPTS / 'ddp_torchrun.py', nproc=2, timeout=180, echo=False,
-                   args=[*SMALL, '--epochs', '2', '--ckpt', ckpt]).check()
+    first = launch(
+        SCRIPTS / 'ddp_torchrun.py', nproc=2, timeout=180, echo=False, args=[*SMALL, '--epochs', '2', '--ckpt', ckpt]
+    ).check()
     assert sorted(p.name for p in tmp_path.iterdir()) == ['ckpt.pt']  # no temporary left
     state = torch.load(ckpt, weights_only=True)
     assert state['epoch'] == 1 and not any(k.startswith('module.') for k in state['net'])
-    second = launch(SCRIPTS / 'ddp_torchrun.py', nproc=2, timeout=180, echo=False,
-                    args=[*SMALL, '--ckpt', ckpt, '--resume']).check()
+    second = launch(
+        SCRIPTS / 'ddp_torchrun.py', nproc=2, timeout=180, echo=False, args=[*SMALL, '--ckpt', ckpt, '--resume']
+    ).check()
     runs = [first.by_rank(), second.by_rank()]
     for run in runs:
         assert sorted(run) == [0, 1] and all(r['replica_gap'] == 0 for r in run.values())
@@ -110,41 +127,54 @@ def test_torchrun_ddp_resumed_from_a_checkpoint_matches_one_process(single, tmp_
     losses = {**runs[0][0]['losses'], **runs[1][0]['losses']}
     for epoch, loss in single['losses'].items():
         assert loss == pytest.approx(losses[epoch], rel=1e-5)
-    torch.testing.assert_close(flat(runs[1][0]['final']), flat(single['final']),
-                               rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(flat(runs[1][0]['final']), flat(single['final']), rtol=1e-5, atol=1e-6)
 
 
 def test_mp_spawn_with_a_file_init_method_matches_one_process(single, tmp_path):
     url = (tmp_path / 'rendezvous').as_uri()
-    result = launch(SCRIPTS / 'ddp_spawn.py', nproc=1, launcher='python', timeout=180,
-                    echo=False, args=[*SMALL, '--nproc', '2', '--init-method', url]).check()
+    result = launch(
+        SCRIPTS / 'ddp_spawn.py',
+        nproc=1,
+        launcher='python',
+        timeout=180,
+        echo=False,
+        args=[*SMALL, '--nproc', '2', '--init-method', url],
+    ).check()
     run = result.by_rank()
     shards = [set(run[r]['shard']) for r in (0, 1)]
     assert not shards[0] & shards[1] and len(shards[0] | shards[1]) == 256
-    torch.testing.assert_close(flat(run[1]['final']), flat(single['final']),
-                               rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(flat(run[1]['final']), flat(single['final']), rtol=1e-5, atol=1e-6)
 
 
 def test_an_uneven_batch_is_refused_with_a_clear_message(monkeypatch):
     monkeypatch.syspath_prepend(str(SCRIPTS))
     import common
+
     assert common.local_batch_size(32, 2) == 16
     with pytest.raises(SystemExit, match='does not split evenly over 2 processes'):
         common.local_batch_size(33, 2)
 
 
-@pytest.mark.parametrize('script,how', [
-    ('ddp_spawn.py', dict(nproc=1, launcher='python', args=['--nproc', '2'])),
-    ('ddp_torchrun.py', dict(nproc=2)),
-    ('ddp_multinode.py', dict(nproc=2)),
-])
+@pytest.mark.parametrize(
+    'script,how',
+    [
+        ('ddp_spawn.py', dict(nproc=1, launcher='python', args=['--nproc', '2'])),
+        ('ddp_torchrun.py', dict(nproc=2)),
+        ('ddp_multinode.py', dict(nproc=2)),
+    ],
+)
 def test_an_explicit_nccl_without_a_gpu_per_process_is_refused_clearly(script, how, tmp_path):
     # No GPU for anyone (the mask hides them all), so each rank must stop at
     # pick_backend's check, not at "invalid device ordinal" in torch.cuda.set_device.
-    result = launch(SCRIPTS / script, nproc=how['nproc'], launcher=how.get('launcher', 'torchrun'),
-                    args=[*SMALL, *how.get('args', []), '--backend', 'nccl'], timeout=120,
-                    echo=False, env={'CUDA_VISIBLE_DEVICES': '', 'D2LPAR_BACKEND': None,
-                                     'TMPDIR': str(tmp_path)})
+    result = launch(
+        SCRIPTS / script,
+        nproc=how['nproc'],
+        launcher=how.get('launcher', 'torchrun'),
+        args=[*SMALL, *how.get('args', []), '--backend', 'nccl'],
+        timeout=120,
+        echo=False,
+        env={'CUDA_VISIBLE_DEVICES': '', 'D2LPAR_BACKEND': None, 'TMPDIR': str(tmp_path)},
+    )
     said = '\n'.join(line for lines in result.output.values() for line in lines)
     assert not result.ok and not result.timed_out
     assert 'backend nccl needs one GPU per process: 2 local process(es) but 0 usable' in said
@@ -156,6 +186,7 @@ def test_an_explicit_nccl_without_a_gpu_per_process_is_refused_clearly(script, h
 def load_script(name):
     """Import a script of notebooks/scripts as a module, without running its main()."""
     import importlib.util
+
     spec = importlib.util.spec_from_file_location(f'script_{name[:-3]}', SCRIPTS / name)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -166,13 +197,15 @@ class Joined(Exception):
     """Raised by the fake init_process_group: the test has seen what it needs."""
 
 
-@pytest.mark.parametrize('name,argv', [('hello_dist.py', []), ('ddp_anatomy.py', []),
-                                       ('ddp_practice.py', ['--parts', 'accumulate'])])
+@pytest.mark.parametrize(
+    'name,argv', [('hello_dist.py', []), ('ddp_anatomy.py', []), ('ddp_practice.py', ['--parts', 'accumulate'])]
+)
 def test_scripts_bind_the_gpu_and_join_nccl_with_device_id(monkeypatch, name, argv):
     # issue 24, defect 10: NCCL without device_id makes barrier() guess the GPU (and warn).
     # A 2-GPU machine is faked: torch's GPU count and NCCL, set_device and the group itself.
     import d2lpar.distributed
     import torch.distributed as dist
+
     monkeypatch.syspath_prepend(str(SCRIPTS))
     script = load_script(name)
     calls = []
@@ -186,8 +219,9 @@ def test_scripts_bind_the_gpu_and_join_nccl_with_device_id(monkeypatch, name, ar
 
     monkeypatch.setattr(dist, 'init_process_group', init_process_group)
     monkeypatch.setattr(sys, 'argv', [name, '--backend', 'nccl', *argv])
-    for key, value in dict(RANK='1', LOCAL_RANK='1', WORLD_SIZE='2', LOCAL_WORLD_SIZE='2',
-                           MASTER_ADDR='127.0.0.1', MASTER_PORT='29500').items():
+    for key, value in dict(
+        RANK='1', LOCAL_RANK='1', WORLD_SIZE='2', LOCAL_WORLD_SIZE='2', MASTER_ADDR='127.0.0.1', MASTER_PORT='29500'
+    ).items():
         monkeypatch.setenv(key, value)
     with pytest.raises(Joined):
         script.main()
@@ -213,8 +247,9 @@ def test_compile_timing_waits_for_the_gpu(monkeypatch):
 def test_every_dataloader_worker_loads_however_many_there_are():
     # issue 24, defect 2: a GPU server gives each rank many workers; the loader part must give
     # each of them batches to load (it used to have 5 batches per rank, whatever the workers)
-    result = launch(SCRIPTS / 'ddp_practice.py', nproc=2, timeout=180, echo=False,
-                    args=['--parts', 'loader', '--workers', '6']).check()
+    result = launch(
+        SCRIPTS / 'ddp_practice.py', nproc=2, timeout=180, echo=False, args=['--parts', 'loader', '--workers', '6']
+    ).check()
     for r in (0, 1):
         (loader,) = [x for x in result.results if x['rank'] == r and x.get('part') == 'loader']
         assert loader['workers'] == 6
@@ -231,6 +266,7 @@ def test_an_edit_to_a_saved_cell_of_notebook_5_reaches_the_next_launch():
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
+
     path = ROOT / 'notebooks' / '05_ddp.ipynb'
     nb = nbformat.read(path, as_version=4)
     cells = nb.cells
@@ -244,16 +280,18 @@ def test_an_edit_to_a_saved_cell_of_notebook_5_reaches_the_next_launch():
     single, spawn = find("launch('scripts/train_single.py'"), find("launch('scripts/ddp_spawn.py'")
     check = find("assert not shards[0] & shards[1]")
     loader = find('def make_loader(')
-    cells.append(nbformat.v4.new_code_cell(
-        "edited = 'seed + rank' in (work / 'ddp_steps.py').read_text()\n"
-        "shutil.rmtree(work, ignore_errors=True)\nassert edited"))
+    cells.append(
+        nbformat.v4.new_code_cell(
+            "edited = 'seed + rank' in (work / 'ddp_steps.py').read_text()\n"
+            "shutil.rmtree(work, ignore_errors=True)\nassert edited"
+        )
+    )
     client = NotebookClient(nb, timeout=600, resources={'metadata': {'path': str(path.parent)}})
     with client.setup_kernel():
         try:
             for i in setup + saved + [single]:
                 client.execute_cell(cells[i], i)
-            edited = cells[loader].source.replace('shuffle=True, seed=seed)',
-                                                  'shuffle=True, seed=seed + rank)')
+            edited = cells[loader].source.replace('shuffle=True, seed=seed)', 'shuffle=True, seed=seed + rank)')
             assert edited != cells[loader].source
             cells[loader].source = edited
             client.execute_cell(cells[loader], loader)  # the learner reruns the edited cell
@@ -264,15 +302,15 @@ def test_an_edit_to_a_saved_cell_of_notebook_5_reaches_the_next_launch():
             client.execute_cell(cells[-1], len(cells) - 1)  # the module held the edit; clean up
 
 
-def test_the_standalone_script_imports_only_torch_and_trains_and_resumes_under_torchrun(
-        tmp_path):
+def test_the_standalone_script_imports_only_torch_and_trains_and_resumes_under_torchrun(tmp_path):
     import ast
+
     script = SCRIPTS / 'ddp_standalone.py'
     tree = ast.parse(script.read_text())
-    imported = {alias.name.split('.')[0] for node in ast.walk(tree)
-                if isinstance(node, ast.Import) for alias in node.names}
-    imported |= {node.module.split('.')[0] for node in ast.walk(tree)
-                 if isinstance(node, ast.ImportFrom)}
+    imported = {
+        alias.name.split('.')[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
+    }
+    imported |= {node.module.split('.')[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert imported == {'argparse', 'os', 'sys', 'torch'}  # the standard library and torch, nothing else
     assert len(script.read_text().splitlines()) <= 70
     import os
@@ -284,10 +322,25 @@ def test_the_standalone_script_imports_only_torch_and_trains_and_resumes_under_t
         # TMPDIR: torchrun's own log folders (torchelastic_*) go where pytest cleans up
         env = dict(os.environ, OMP_NUM_THREADS='1', TMPDIR=str(scratch))
         env.pop('PYTHONPATH', None)
-        return subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone',
-                               '--nproc-per-node=2', str(script), '--epochs', str(epochs),
-                               '--ckpt', 'ckpt.pt'], cwd=run_dir, env=env, capture_output=True,
-                              text=True, timeout=300)
+        return subprocess.run(
+            [
+                sys.executable,
+                '-m',
+                'torch.distributed.run',
+                '--standalone',
+                '--nproc-per-node=2',
+                str(script),
+                '--epochs',
+                str(epochs),
+                '--ckpt',
+                'ckpt.pt',
+            ],
+            cwd=run_dir,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     first = torchrun(2)
     assert first.returncode == 0, first.stderr[-2000:]
@@ -304,7 +357,11 @@ def test_the_standalone_script_imports_only_torch_and_trains_and_resumes_under_t
 
 @pytest.mark.skipif(num_gpus() >= 2, reason='with 2 GPUs it runs (make gpucheck)')
 def test_the_flight_recorder_script_says_it_needs_two_gpus(tmp_path):
-    out = subprocess.run([sys.executable, SCRIPTS / 'nccl_flight_recorder.py', '--dump-dir',
-                          tmp_path / 'fr'], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, SCRIPTS / 'nccl_flight_recorder.py', '--dump-dir', tmp_path / 'fr'],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode != 0 and 'nccl_flight_recorder.py: needs 2 GPUs' in out.stderr
     assert not (tmp_path / 'fr').exists()  # nothing made before the refusal

@@ -1,4 +1,5 @@
 """Device helpers on this machine, and with the GPU count faked."""
+
 import pytest
 import torch
 
@@ -11,6 +12,7 @@ def fake_gpus(monkeypatch):
     def set_count(n):
         monkeypatch.setattr(torch.cuda, 'device_count', lambda: n)
         monkeypatch.setattr(torch.cuda, 'is_available', lambda: n > 0)
+
     return set_count
 
 
@@ -22,6 +24,7 @@ def driver_too_old(monkeypatch):
 
     def cannot_start(*args, **kwargs):
         raise RuntimeError('The NVIDIA driver on your system is too old')
+
     for name in ('get_device_name', 'get_device_properties', 'synchronize', 'init'):
         monkeypatch.setattr(torch.cuda, name, cannot_start)
 
@@ -43,12 +46,15 @@ def test_try_gpu_with_gpus(fake_gpus):
     assert d2lpar.hardware_tier() == '2 GPUs'
 
 
-@pytest.mark.parametrize('gpus,expected', [
-    (0, ['cpu', 'cpu', 'cpu']),
-    (1, ['cuda:0', 'cuda:0', 'cuda:0']),
-    (2, ['cuda:0', 'cuda:1', 'cuda:0']),
-    (4, ['cuda:0', 'cuda:1', 'cuda:2']),
-])
+@pytest.mark.parametrize(
+    'gpus,expected',
+    [
+        (0, ['cpu', 'cpu', 'cpu']),
+        (1, ['cuda:0', 'cuda:0', 'cuda:0']),
+        (2, ['cuda:0', 'cuda:1', 'cuda:0']),
+        (4, ['cuda:0', 'cuda:1', 'cuda:2']),
+    ],
+)
 def test_device_slots(fake_gpus, capsys, gpus, expected):
     fake_gpus(gpus)
     slots = d2lpar.device_slots(3)
@@ -100,6 +106,7 @@ def test_synchronize_none_waits_for_every_gpu(monkeypatch):
 
 def test_a_driver_too_old_for_torch_means_the_cpu_with_a_reason(driver_too_old, capsys):
     from d2lpar import distributed, info
+
     assert d2lpar.num_gpus() == 0
     assert d2lpar.try_gpu() == torch.device('cpu')
     assert d2lpar.try_all_gpus() == [torch.device('cpu')]
@@ -118,8 +125,7 @@ def test_a_driver_too_old_for_torch_means_the_cpu_with_a_reason(driver_too_old, 
     with pytest.raises(ValueError, match='sees no GPU it can use .*CUDA cannot start'):
         d2lpar.choose_gpu(0)
     assert distributed.pick_backend(2) == 'gloo'
-    with pytest.raises(ValueError, match='nccl needs one GPU per process: 2 local process.* '
-                                         'but 0 usable GPU'):
+    with pytest.raises(ValueError, match='nccl needs one GPU per process: 2 local process.* but 0 usable GPU'):
         distributed.pick_backend(2, override='nccl')
 
 
@@ -146,9 +152,20 @@ def test_try_gpu_needs_an_int(bad):
         d2lpar.try_gpu(bad)
 
 
-@pytest.mark.parametrize('value,expected', [(None, False), ('', False), ('0', False),
-                                            ('false', False), ('No', False), ('1', True),
-                                            ('true', True), (' yes ', True), ('ON', True)])
+@pytest.mark.parametrize(
+    'value,expected',
+    [
+        (None, False),
+        ('', False),
+        ('0', False),
+        ('false', False),
+        ('No', False),
+        ('1', True),
+        ('true', True),
+        (' yes ', True),
+        ('ON', True),
+    ],
+)
 def test_env_flag(monkeypatch, value, expected):
     if value is None:
         monkeypatch.delenv('D2LPAR_TEST_FLAG', raising=False)

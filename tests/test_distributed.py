@@ -1,4 +1,5 @@
 """d2lpar.distributed: ranks from torchrun's or SLURM's variables, backends, results."""
+
 import json
 import os
 import re
@@ -10,52 +11,71 @@ import pytest
 import torch
 
 import d2lpar
-from d2lpar.distributed import (DistEnv, default_timeout, dist_env, emit_result, expand_nodelist,
-                                pick_backend, rank_device, torch_env_from_slurm)
+from d2lpar.distributed import (
+    DistEnv,
+    default_timeout,
+    dist_env,
+    emit_result,
+    expand_nodelist,
+    pick_backend,
+    rank_device,
+    torch_env_from_slurm,
+)
 from full_disk import run_on_a_full_disk
 
 SBATCH = Path(__file__).resolve().parent.parent / 'notebooks' / 'scripts' / 'ddp_multinode.sbatch'
 
 
-@pytest.mark.parametrize('nodelist,hosts', [
-    ('node07', ['node07']),
-    ('node[03-05,07]', ['node03', 'node04', 'node05', 'node07']),
-    ('gpu[8-10]', ['gpu8', 'gpu9', 'gpu10']),
-    ('a[1-2],b[01-02]', ['a1', 'a2', 'b01', 'b02']),
-    ('rack[1-2]-n[1,3]', ['rack1-n1', 'rack1-n3', 'rack2-n1', 'rack2-n3']),
-    ('node[099-101]', ['node099', 'node100', 'node101']),
-    ('cn-12.cluster,cn-[3]', ['cn-12.cluster', 'cn-3']),
-    ('10.0.0.[1-2]', ['10.0.0.1', '10.0.0.2']),
-])
+@pytest.mark.parametrize(
+    'nodelist,hosts',
+    [
+        ('node07', ['node07']),
+        ('node[03-05,07]', ['node03', 'node04', 'node05', 'node07']),
+        ('gpu[8-10]', ['gpu8', 'gpu9', 'gpu10']),
+        ('a[1-2],b[01-02]', ['a1', 'a2', 'b01', 'b02']),
+        ('rack[1-2]-n[1,3]', ['rack1-n1', 'rack1-n3', 'rack2-n1', 'rack2-n3']),
+        ('node[099-101]', ['node099', 'node100', 'node101']),
+        ('cn-12.cluster,cn-[3]', ['cn-12.cluster', 'cn-3']),
+        ('10.0.0.[1-2]', ['10.0.0.1', '10.0.0.2']),
+    ],
+)
 def test_expand_nodelist(nodelist, hosts):
     assert expand_nodelist(nodelist) == hosts
 
 
-@pytest.mark.parametrize('bad', ['', 'node[1-', 'node]1', 'node[5-3]', 'node[a-b]', 'n[1-[2]]',
-                                 'a,,b', None, 7])
+@pytest.mark.parametrize('bad', ['', 'node[1-', 'node]1', 'node[5-3]', 'node[a-b]', 'n[1-[2]]', 'a,,b', None, 7])
 def test_expand_nodelist_rejects_bad_input(bad):
     with pytest.raises(ValueError, match='nodelist'):
         expand_nodelist(bad)
 
 
 def slurm_task(procid, ntasks, localid, nodelist='node[03-05,07]', **extra):
-    env = {'SLURM_PROCID': str(procid), 'SLURM_NTASKS': str(ntasks),
-           'SLURM_LOCALID': str(localid), 'SLURM_NODELIST': nodelist}
+    env = {
+        'SLURM_PROCID': str(procid),
+        'SLURM_NTASKS': str(ntasks),
+        'SLURM_LOCALID': str(localid),
+        'SLURM_NODELIST': nodelist,
+    }
     env.update({k: str(v) for k, v in extra.items()})
     return env
 
 
 def test_slurm_variables_map_to_torchrun_names():
     mapped = torch_env_from_slurm(slurm_task(5, 8, 1, SLURM_NTASKS_PER_NODE=2), port=12345)
-    assert mapped == {'RANK': '5', 'WORLD_SIZE': '8', 'LOCAL_RANK': '1', 'LOCAL_WORLD_SIZE': '2',
-                      'MASTER_ADDR': 'node03', 'MASTER_PORT': '12345'}
+    assert mapped == {
+        'RANK': '5',
+        'WORLD_SIZE': '8',
+        'LOCAL_RANK': '1',
+        'LOCAL_WORLD_SIZE': '2',
+        'MASTER_ADDR': 'node03',
+        'MASTER_PORT': '12345',
+    }
     env = dist_env(slurm_task(5, 8, 1, SLURM_NTASKS_PER_NODE=2))
     assert env == DistEnv(5, 1, 8, 2, 'node03', 29500, 'slurm')
 
 
 def test_explicit_master_and_tasks_per_node_spec_win():
-    task = slurm_task(3, 7, 0, MASTER_ADDR='head', MASTER_PORT=4000,
-                      SLURM_TASKS_PER_NODE='3(x2),1', SLURM_NODEID=2)
+    task = slurm_task(3, 7, 0, MASTER_ADDR='head', MASTER_PORT=4000, SLURM_TASKS_PER_NODE='3(x2),1', SLURM_NODEID=2)
     mapped = torch_env_from_slurm(task)
     assert (mapped['MASTER_ADDR'], mapped['MASTER_PORT']) == ('head', '4000')
     assert mapped['LOCAL_WORLD_SIZE'] == '1'  # node 2 of '3,3,1' runs one task
@@ -63,8 +83,7 @@ def test_explicit_master_and_tasks_per_node_spec_win():
 
 def test_torchrun_variables_take_precedence_over_slurm():
     task = slurm_task(5, 8, 1)
-    task.update(RANK='1', WORLD_SIZE='2', LOCAL_RANK='1', MASTER_ADDR='127.0.0.1',
-                MASTER_PORT='29555')
+    task.update(RANK='1', WORLD_SIZE='2', LOCAL_RANK='1', MASTER_ADDR='127.0.0.1', MASTER_PORT='29555')
     assert torch_env_from_slurm(task) == {}
     assert dist_env(task) == DistEnv(1, 1, 2, 2, '127.0.0.1', 29555, 'torchrun')
 
@@ -73,15 +92,17 @@ def test_no_launcher_means_a_world_of_one():
     assert dist_env({}) == DistEnv(0, 0, 1, 1, '127.0.0.1', 29500, 'single')
 
 
-@pytest.mark.parametrize('environ,message', [
-    ({'RANK': '0'}, 'WORLD_SIZE'),
-    ({'RANK': '2', 'WORLD_SIZE': '2'}, 'below'),
-    ({'RANK': 'one', 'WORLD_SIZE': '2'}, 'not an integer'),
-    ({'RANK': '0', 'WORLD_SIZE': '0'}, '>= 1'),
-    ({'SLURM_PROCID': '0'}, 'srun'),
-    ({'SLURM_PROCID': '4', 'SLURM_NTASKS': '4', 'SLURM_LOCALID': '0',
-      'SLURM_NODELIST': 'n1'}, 'below'),
-])
+@pytest.mark.parametrize(
+    'environ,message',
+    [
+        ({'RANK': '0'}, 'WORLD_SIZE'),
+        ({'RANK': '2', 'WORLD_SIZE': '2'}, 'below'),
+        ({'RANK': 'one', 'WORLD_SIZE': '2'}, 'not an integer'),
+        ({'RANK': '0', 'WORLD_SIZE': '0'}, '>= 1'),
+        ({'SLURM_PROCID': '0'}, 'srun'),
+        ({'SLURM_PROCID': '4', 'SLURM_NTASKS': '4', 'SLURM_LOCALID': '0', 'SLURM_NODELIST': 'n1'}, 'below'),
+    ],
+)
 def test_bad_environments_are_explained(environ, message):
     with pytest.raises(ValueError, match=message):
         dist_env(environ)
@@ -98,9 +119,16 @@ def test_sbatch_example_maps_every_task_to_a_distinct_rank():
     envs = []
     for procid in range(nodes * per_node):  # SLURM's default block distribution
         node = procid // per_node
-        task = slurm_task(procid, nodes * per_node, procid % per_node, nodelist,
-                          SLURM_NODEID=node, SLURM_TASKS_PER_NODE=f'{per_node}(x{nodes})',
-                          MASTER_PORT=20000 + 4242 % 20000, SLURMD_NODENAME=hosts[node])
+        task = slurm_task(
+            procid,
+            nodes * per_node,
+            procid % per_node,
+            nodelist,
+            SLURM_NODEID=node,
+            SLURM_TASKS_PER_NODE=f'{per_node}(x{nodes})',
+            MASTER_PORT=20000 + 4242 % 20000,
+            SLURMD_NODENAME=hosts[node],
+        )
         envs.append(dist_env(task))
     assert sorted(e.rank for e in envs) == list(range(nodes * per_node))
     assert {e.world_size for e in envs} == {nodes * per_node}
@@ -126,6 +154,7 @@ def test_pick_backend(monkeypatch):
 @pytest.mark.parametrize('gpus', [0, 1, 3])
 def test_an_explicit_nccl_gets_the_same_check_as_the_automatic_choice(monkeypatch, gpus):
     import torch.distributed as dist
+
     monkeypatch.delenv('D2LPAR_BACKEND', raising=False)
     monkeypatch.setattr(torch.cuda, 'device_count', lambda: gpus)
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: gpus > 0)
@@ -141,8 +170,9 @@ def test_an_explicit_nccl_gets_the_same_check_as_the_automatic_choice(monkeypatc
                 if enough:
                     assert pick_backend(nproc, explicit.get('override')) == 'nccl'
                 else:  # refused before a rank asks for a GPU it does not have
-                    with pytest.raises(ValueError, match=f'nccl needs one GPU per process: '
-                                                         f'{nproc} local process.*{gpus} usable'):
+                    with pytest.raises(
+                        ValueError, match=f'nccl needs one GPU per process: {nproc} local process.*{gpus} usable'
+                    ):
                         pick_backend(nproc, explicit.get('override'))
             finally:
                 monkeypatch.delenv('D2LPAR_BACKEND', raising=False)
@@ -200,20 +230,22 @@ def test_a_result_that_cannot_be_written_whole_leaves_no_file(tmp_path):
 
 def test_exit_now_flushes_and_skips_the_teardown():
     # an atexit handler shows whether the interpreter's teardown ran
-    code = ('import atexit, sys\nfrom d2lpar.distributed import exit_now\n'
-            'atexit.register(lambda: print("teardown ran"))\n'
-            'print("results", end=""); sys.stderr.write("warning")\nexit_now(3)\n')
-    done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
-                          timeout=120)
+    code = (
+        'import atexit, sys\nfrom d2lpar.distributed import exit_now\n'
+        'atexit.register(lambda: print("teardown ran"))\n'
+        'print("results", end=""); sys.stderr.write("warning")\nexit_now(3)\n'
+    )
+    done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stdout, done.stderr) == (3, 'results', 'warning')
 
 
 @pytest.mark.skipif(not sys.platform.startswith('linux'), reason='C stdio checked with glibc')
 def test_exit_now_keeps_what_c_code_printed():
     # Without -u (as in mp.spawn's children) C stdout into a pipe is fully buffered.
-    code = ('import ctypes\nfrom d2lpar.distributed import exit_now\n'
-            'ctypes.CDLL(None).printf(b"NCCL INFO from C\\n")\nexit_now(0)\n')
+    code = (
+        'import ctypes\nfrom d2lpar.distributed import exit_now\n'
+        'ctypes.CDLL(None).printf(b"NCCL INFO from C\\n")\nexit_now(0)\n'
+    )
     env = {k: v for k, v in os.environ.items() if k != 'PYTHONUNBUFFERED'}
-    done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
-                          timeout=120, env=env)
+    done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=120, env=env)
     assert (done.returncode, done.stdout) == (0, 'NCCL INFO from C\n')

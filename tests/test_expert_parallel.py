@@ -1,4 +1,5 @@
 """All-to-all by hand and the expert-parallel MoE, against torch and against one process."""
+
 import copy
 import math
 
@@ -55,18 +56,22 @@ def test_balancing_loss_is_one_when_uniform_and_E_when_collapsed():
 
 def test_all_to_all_cost_is_half_a_ring_allreduce():
     from d2lpar.collectives import allreduce_cost
+
     for n in (2, 3, 8):
         ring = allreduce_cost('ring', n, 1e6, 1e9)
         assert math.isclose(EP.all_to_all_cost(n, 1e6, 1e9), ring / 2)
     assert EP.all_to_all_cost(1, 1e6, 1e9, 1e-3) == 0
 
 
-@pytest.mark.parametrize('call, message', [
-    (lambda: EP.route(torch.randn(4, 3), 4), 'only 3 experts'),
-    (lambda: EP.route(torch.randn(4, 3), 1, capacity=0), 'capacity'),
-    (lambda: EP.expert_capacity(10, 2, 4, 0), 'capacity_factor'),
-    (lambda: EP.pairwise_all_to_all([torch.ones(1)], [torch.ones(1)]), 'init_process_group'),
-])
+@pytest.mark.parametrize(
+    'call, message',
+    [
+        (lambda: EP.route(torch.randn(4, 3), 4), 'only 3 experts'),
+        (lambda: EP.route(torch.randn(4, 3), 1, capacity=0), 'capacity'),
+        (lambda: EP.expert_capacity(10, 2, 4, 0), 'capacity_factor'),
+        (lambda: EP.pairwise_all_to_all([torch.ones(1)], [torch.ones(1)]), 'init_process_group'),
+    ],
+)
 def test_bad_input_is_named(call, message):
     with pytest.raises((TypeError, ValueError, RuntimeError), match=message):
         call()
@@ -124,13 +129,11 @@ def _ranks(rank, n):
         loss.backward()
         router = moe.router.weight.grad.clone()
         dist.all_reduce(router)
-        theirs = [p.grad for e in reference.experts[rank * ep.local:(rank + 1) * ep.local]
-                  for p in e.parameters()]
+        theirs = [p.grad for e in reference.experts[rank * ep.local : (rank + 1) * ep.local] for p in e.parameters()]
         results[name] = {
             'input': check(x.grad, Xs.grad[rank], 200)[0],
             'router': check(router, reference.router.weight.grad, 200 * n)[0],
-            'experts': all(check(a.grad, b, 200 * n)[0] for a, b in zip(ep.experts.parameters(),
-                                                                         theirs)),
+            'experts': all(check(a.grad, b, 200 * n)[0] for a, b in zip(ep.experts.parameters(), theirs)),
         }
     out['moe'] = results
     return out

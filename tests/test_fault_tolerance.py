@@ -1,4 +1,5 @@
 """d2lpar.fault_tolerance (notebook 15): stuck-rank finding, checkpoint intervals, replay."""
+
 import math
 import random
 import time
@@ -26,6 +27,7 @@ def test_set_timeout_exists_on_this_torch():
 def test_young_interval_minimises_the_first_order_waste(C, M):
     def first_order(T):
         return C / T + T / (2 * M)
+
     T = ft.young_interval(C, M)
     assert all(first_order(T) <= first_order(T * f) for f in (0.9, 0.99, 1.01, 1.1))
 

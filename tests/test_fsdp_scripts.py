@@ -7,6 +7,7 @@ the notebook writes them (the last by applying each diff it shows), with `--back
 --device cuda` up to `init_process_group`, which records the backend it was given and stops the
 script; torch's own `BackendConfig` then says which devices that group serves.
 """
+
 import json
 import re
 import sys
@@ -51,6 +52,7 @@ def script(name):
 
 def backend_started(name, flags, monkeypatch):
     """Run script `name` with `flags` up to init_process_group; return the backend it passes."""
+
     def init_process_group(backend=None, **kwargs):
         raise Started(backend)
 

@@ -1,5 +1,6 @@
 """The GPU paths that can be checked on a CPU: a mocked CUDA, gloo groups started as NCCL
 would be, the rings' pairing of sends and receives (issue 34)."""
+
 import os
 import subprocess
 import sys
@@ -25,8 +26,7 @@ def _gpus(monkeypatch, count, usable):
     monkeypatch.delenv('D2LPAR_BACKEND', raising=False)
 
 
-def test_under_slurm_a_task_that_sees_one_gpu_of_its_node_is_warned_not_silently_on_cpu(
-        monkeypatch):
+def test_under_slurm_a_task_that_sees_one_gpu_of_its_node_is_warned_not_silently_on_cpu(monkeypatch):
     _gpus(monkeypatch, 1, True)
     monkeypatch.setenv('SLURM_JOB_ID', '42')
     with pytest.warns(UserWarning, match='one GPU bound per task'):
@@ -42,13 +42,26 @@ def test_under_slurm_a_task_that_sees_one_gpu_of_its_node_is_warned_not_silently
 def test_the_standalone_script_picks_gloo_where_cuda_cannot_start(tmp_path):
     """nvidia-smi's GPUs but a driver too old for this torch: device_count() 2, no CUDA."""
     shim = tmp_path / 'sitecustomize.py'  # runs in the torchrun ranks before the script
-    shim.write_text('import torch\ntorch.cuda.device_count = lambda: 2\n'
-                    'torch.cuda.is_available = lambda: False\n')
+    shim.write_text('import torch\ntorch.cuda.device_count = lambda: 2\ntorch.cuda.is_available = lambda: False\n')
     env = dict(os.environ, PYTHONPATH=str(tmp_path), OMP_NUM_THREADS='1', TMPDIR=str(tmp_path))
-    done = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone',
-                           '--nproc-per-node=2', str(ROOT / 'notebooks/scripts/ddp_standalone.py'),
-                           '--epochs', '1', '--ckpt', str(tmp_path / 'c.pt')], env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            '-m',
+            'torch.distributed.run',
+            '--standalone',
+            '--nproc-per-node=2',
+            str(ROOT / 'notebooks/scripts/ddp_standalone.py'),
+            '--epochs',
+            '1',
+            '--ckpt',
+            str(tmp_path / 'c.pt'),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert 'epoch 0: loss' in done.stdout and '(2 processes, gloo)' in done.stdout
 
@@ -58,20 +71,21 @@ def _ring_worker(rank, world_size, port, out):
     dist.init_process_group('gloo', rank=rank, world_size=world_size)
     try:
         from d2lpar.expert_parallel import pairwise_all_to_all
+
         posted = []
         real = dist.batch_isend_irecv
 
         def batch(ops):  # what each step hands to the backend at once
             posted.append(sorted((op.op.__name__, op.peer) for op in ops))
             return real(ops)
+
         dist.batch_isend_irecv = batch
         try:
             with count_calls() as calls:
                 X = torch.arange(12.0) + 100 * rank
                 C.ring_allreduce(X)
                 outs = [torch.empty(2) for _ in range(world_size)]
-                pairwise_all_to_all(outs, [torch.full((2,), 10.0 * rank + j)
-                                           for j in range(world_size)])
+                pairwise_all_to_all(outs, [torch.full((2,), 10.0 * rank + j) for j in range(world_size)])
         finally:
             dist.batch_isend_irecv = real
         torch.save({'X': X, 'outs': outs, 'posted': posted, 'calls': calls}, f'{out}/{rank}.pt')
@@ -80,14 +94,13 @@ def _ring_worker(rank, world_size, port, out):
 
 
 @pytest.mark.parametrize('world_size', [2, 3])
-def test_every_ring_step_and_exchange_posts_its_send_and_receive_as_one_batch(tmp_path,
-                                                                               world_size):
+def test_every_ring_step_and_exchange_posts_its_send_and_receive_as_one_batch(tmp_path, world_size):
     """NCCL may hang on an isend followed by a blocking recv to the same peer (2 ranks) unless
     both are grouped: each step must hand exactly one isend and one irecv to the backend at
     once, and count_calls must still count them."""
     from d2lpar.launch import free_port
-    torch.multiprocessing.spawn(_ring_worker, args=(world_size, free_port(), str(tmp_path)),
-                                nprocs=world_size)
+
+    torch.multiprocessing.spawn(_ring_worker, args=(world_size, free_port(), str(tmp_path)), nprocs=world_size)
     n = world_size
     for rank in range(n):
         got = torch.load(tmp_path / f'{rank}.pt', weights_only=True)
@@ -112,6 +125,7 @@ def _timings_worker(rank, world_size, port, out):
         def all_reduce(tensor, *args, **kwargs):  # NCCL would refuse anything off its GPU
             seen.append(tensor.device.type)
             return real(tensor, *args, **kwargs)
+
         dist.all_reduce = all_reduce
         dist.get_backend = lambda group=None: 'nccl'  # as a group started with 'nccl'
         torch.cuda.current_device = lambda: 0
@@ -125,8 +139,10 @@ def _timings_worker(rank, world_size, port, out):
         def tensor(*args, device=None, **kwargs):
             placed.append(str(device))
             return real_tensor(*args, **kwargs)
+
         torch.zeros, torch.tensor = zeros, tensor
         import d2lpar.helpers.timings
+
         d2lpar.helpers.timings.synchronize = lambda device: placed.append(f'sync {device}')
         try:
             C.allreduce_timings([64], repeats=1, max_iters=1)
@@ -140,6 +156,7 @@ def _timings_worker(rank, world_size, port, out):
 
 def test_allreduce_timings_puts_its_tensors_on_the_gpu_of_an_nccl_group(tmp_path):
     from d2lpar.launch import free_port
+
     torch.multiprocessing.spawn(_timings_worker, args=(2, free_port(), str(tmp_path)), nprocs=2)
     placed = (tmp_path / '0.txt').read_text().split(' ')
     assert placed[0] == 'cuda:0'  # the message

@@ -1,5 +1,6 @@
 """make gpucheck's runner (verify/gpucheck.py): the driver asked before any row, rows chosen by
 name, GPU rows skipped here, failures and timeouts, and every check function fed wrong numbers."""
+
 import copy
 import functools
 import json
@@ -20,20 +21,25 @@ from d2lpar.processes import launched_processes  # noqa: E402
 
 def _no_driver(monkeypatch):
     """This machine as gpucheck sees it when no NVIDIA driver is installed."""
-    monkeypatch.setattr(gpucheck, 'driver_gpus', lambda: dict(
-        count=0, version=None, cuda=None, exclusive=False, summary='no NVIDIA GPU'))
+    monkeypatch.setattr(
+        gpucheck,
+        'driver_gpus',
+        lambda: dict(count=0, version=None, cuda=None, exclusive=False, summary='no NVIDIA GPU'),
+    )
 
 
 @pytest.mark.skipif(__import__('d2lpar').num_gpus() > 0, reason='with GPUs the rows would run')
 def test_on_a_machine_without_gpus_the_gpu_rows_are_skipped_and_the_table_printed(tmp_path):
-    done = subprocess.run([sys.executable, gpucheck.__file__, '--rows', 'nccl,mask',
-                           '--allow-cpu', '--logs', str(tmp_path)], capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, gpucheck.__file__, '--rows', 'nccl,mask', '--allow-cpu', '--logs', str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert any(line.startswith('torch ') and 'CUDA' in line for line in lines)  # GPU facts
-    chosen = [row for row in gpucheck.rows(tmp_path) if not row.quick and (
-        'nccl' in row.name or 'mask' in row.name)]
+    chosen = [row for row in gpucheck.rows(tmp_path) if not row.quick and ('nccl' in row.name or 'mask' in row.name)]
     # Each verdict printed as the row finished ([k/N] ...), then the table.
     progress = [line for line in lines if line.startswith('[')]
     assert len(progress) == len(chosen) and all('SKIPPED' in line for line in progress)
@@ -42,28 +48,35 @@ def test_on_a_machine_without_gpus_the_gpu_rows_are_skipped_and_the_table_printe
     assert any('nccl restart' in line for line in skipped)
     assert any('tp_block.py' in line for line in skipped)
     assert [line for line in lines if 'SKIPPED (needs 8 GPUs)' in line][-1].startswith(
-        'nccl 13_pipeline_parallel parallel_3d.py')
+        'nccl 13_pipeline_parallel parallel_3d.py'
+    )
     assert lines[-1].startswith(f'0 passed, 0 failed, {len(chosen)} skipped or not run')
     assert len((tmp_path / 'summary.tsv').read_text().splitlines()) == len(chosen) + 1
 
 
-def test_rows_that_pass_fail_or_hang_give_the_right_table_and_exit_status(tmp_path, monkeypatch,
-                                                                          capsys):
+def test_rows_that_pass_fail_or_hang_give_the_right_table_and_exit_status(tmp_path, monkeypatch, capsys):
     marker = tmp_path / 'child.pid'
-    hang = ('import subprocess, sys, time; child = subprocess.Popen(["sleep", "300"]); '
-            f'open({str(marker)!r}, "w").write(str(child.pid)); time.sleep(300)')
-    fake = [gpucheck.Row('passes', argv=[sys.executable, '-c', 'print("fine")']),
-            gpucheck.Row('fails', argv=[sys.executable, '-c', 'raise SystemExit("broken")']),
-            gpucheck.Row('hangs', argv=[sys.executable, '-c', hang], timeout=3),
-            gpucheck.Row('needs eight', needs=8, argv=[sys.executable, '-c', 'pass'])]
+    hang = (
+        'import subprocess, sys, time; child = subprocess.Popen(["sleep", "300"]); '
+        f'open({str(marker)!r}, "w").write(str(child.pid)); time.sleep(300)'
+    )
+    fake = [
+        gpucheck.Row('passes', argv=[sys.executable, '-c', 'print("fine")']),
+        gpucheck.Row('fails', argv=[sys.executable, '-c', 'raise SystemExit("broken")']),
+        gpucheck.Row('hangs', argv=[sys.executable, '-c', hang], timeout=3),
+        gpucheck.Row('needs eight', needs=8, argv=[sys.executable, '-c', 'pass']),
+    ]
     monkeypatch.setattr(gpucheck, 'rows', lambda scratch: fake)
     _no_driver(monkeypatch)
     start = time.monotonic()
     assert gpucheck.main(['--allow-cpu', '--logs', str(tmp_path / 'logs')]) == 1
     out = capsys.readouterr().out.splitlines()
     assert time.monotonic() - start < 60
-    table = {line.split()[0]: line for line in out if line.split() and line.split()[0] in
-             ('passes', 'fails', 'hangs', 'needs')}
+    table = {
+        line.split()[0]: line
+        for line in out
+        if line.split() and line.split()[0] in ('passes', 'fails', 'hangs', 'needs')
+    }
     assert table['passes'].endswith('PASS')
     assert 'FAIL (exit 1: broken' in table['fails']
     assert 'FAIL (timed out after 3 s' in table['hangs']
@@ -112,7 +125,7 @@ def test_a_notebook_script_row_writes_the_script_as_the_notebook_does_and_checks
     for f in (tmp_path / 'row' / 'results').glob('*.json'):
         record = json.loads(f.read_text())
         results[record['rank']] = record
-    args = argv[argv.index('--') + 1:]
+    args = argv[argv.index('--') + 1 :]
     script_checks._check_pp_schedules(results, args)  # what the row checked passes...
     # ...and each classic bug fails it: a schedule that keeps every micro-batch in flight, one
     # schedule's wrong gradient, every schedule's gradients summed over the micro-batches
@@ -124,7 +137,8 @@ def test_a_notebook_script_row_writes_the_script_as_the_notebook_does_and_checks
     broken = copy.deepcopy(results)
     stage = next(iter(broken[0]['ZBVZeroBubble']['grads']))
     broken[0]['ZBVZeroBubble']['grads'][stage][0] = [
-        [4 * x for x in row] for row in broken[0]['ZBVZeroBubble']['grads'][stage][0]]
+        [4 * x for x in row] for row in broken[0]['ZBVZeroBubble']['grads'][stage][0]
+    ]
     with pytest.raises(checks.CheckFailed, match="ZBVZeroBubble: gradients differ"):
         script_checks._check_pp_schedules(broken, args)
     broken = copy.deepcopy(results)  # every schedule alike: summed over the micro-batches
@@ -144,23 +158,40 @@ def test_a_notebook_script_row_writes_the_script_as_the_notebook_does_and_checks
 
 def test_the_other_script_checks_catch_their_classic_bugs():
     good_tp = {'out': 1e-7, 'x_grad': 1e-7, 'grads': 1e-7}
-    tp_block = {r: {'megatron': dict(good_tp, calls={'all_reduce': [4, 1024]}),
-                    'sp': dict(good_tp, partial=0.5), 'overlap_equal': True} for r in (0, 1)}
+    tp_block = {
+        r: {
+            'megatron': dict(good_tp, calls={'all_reduce': [4, 1024]}),
+            'sp': dict(good_tp, partial=0.5),
+            'overlap_equal': True,
+        }
+        for r in (0, 1)
+    }
     script_checks._check_tp_block(tp_block, [])
-    for edit, message in [(lambda r: r['megatron'].update(grads=0.3), 'megatron differs'),
-                          (lambda r: r['sp'].update(partial=0.0), 'before the sum'),
-                          (lambda r: r['megatron'].update(calls={'all_reduce': [3, 768]}),
-                           'collectives'),
-                          (lambda r: r.update(overlap_equal=False), 'changed the gradients')]:
+    for edit, message in [
+        (lambda r: r['megatron'].update(grads=0.3), 'megatron differs'),
+        (lambda r: r['sp'].update(partial=0.0), 'before the sum'),
+        (lambda r: r['megatron'].update(calls={'all_reduce': [3, 768]}), 'collectives'),
+        (lambda r: r.update(overlap_equal=False), 'changed the gradients'),
+    ]:
         broken = copy.deepcopy(tp_block)
         edit(broken[0])
         with pytest.raises(checks.CheckFailed, match=message):
             script_checks._check_tp_block(broken, [])
     coords = [(a, b, c) for a in range(2) for b in range(2) for c in range(2)]
     rows = [[0, 8], [16, 24], [8, 16], [24, 32]] + [[0, 8]] * 4
-    three_d = {rank: dict(pp=a, dp=b, tp=c, max_diff=1e-8, moved=0.05, steps=2, mlp0_rows=rows[rank],
-                          sizes=dict(B=8, T=4, H=32, LR=0.1))
-               for rank, (a, b, c) in enumerate(coords)}
+    three_d = {
+        rank: dict(
+            pp=a,
+            dp=b,
+            tp=c,
+            max_diff=1e-8,
+            moved=0.05,
+            steps=2,
+            mlp0_rows=rows[rank],
+            sizes=dict(B=8, T=4, H=32, LR=0.1),
+        )
+        for rank, (a, b, c) in enumerate(coords)
+    }
     script_checks._check_parallel_3d(three_d, [])  # tolerance 0.1 * 2 * 8 * 4 * 32 * 2**-23 = 6.1e-6
     three_d[5]['max_diff'] = 1e-3  # a gradient not averaged over the data-parallel halves
     with pytest.raises(checks.CheckFailed, match='rank 5: off by'):
@@ -168,11 +199,25 @@ def test_the_other_script_checks_catch_their_classic_bugs():
 
 
 def test_a_script_the_notebook_does_not_write_is_named_before_any_kernel_starts(tmp_path):
-    done = subprocess.run([sys.executable, gpucheck.__file__, 'script',
-                           'notebooks/13_pipeline_parallel.ipynb', 'no_such.py', '--backend',
-                           'gloo', '--device', 'cpu', '--scratch',
-                           str(tmp_path / 's')], cwd=gpucheck.ROOT, capture_output=True,
-                          text=True, timeout=180)
+    done = subprocess.run(
+        [
+            sys.executable,
+            gpucheck.__file__,
+            'script',
+            'notebooks/13_pipeline_parallel.ipynb',
+            'no_such.py',
+            '--backend',
+            'gloo',
+            '--device',
+            'cpu',
+            '--scratch',
+            str(tmp_path / 's'),
+        ],
+        cwd=gpucheck.ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert done.returncode != 0
     assert "no cell starting with '%%writefile {work}/no_such.py'" in done.stderr
 
@@ -184,21 +229,44 @@ def test_a_script_row_ended_midway_leaves_no_rank_behind(tmp_path):
     in a session of its own, kept running.)
     """
     import nbformat
+
     marks = tmp_path / 'marks'
     marks.mkdir()
-    nb = nbformat.v4.new_notebook(cells=[
-        nbformat.v4.new_code_cell("import tempfile\nfrom pathlib import Path\n"
-                                  "work = Path(tempfile.mkdtemp(prefix='d2lpar-99-'))"),
-        nbformat.v4.new_code_cell('%%writefile {work}/sleeper.py\nimport os, pathlib, time\n'
-                                  "(pathlib.Path(os.environ['MARKS']) / f'rank-{os.getpid()}')"
-                                  '.touch()\ntime.sleep(300)\n')])
+    nb = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_code_cell(
+                "import tempfile\nfrom pathlib import Path\nwork = Path(tempfile.mkdtemp(prefix='d2lpar-99-'))"
+            ),
+            nbformat.v4.new_code_cell(
+                '%%writefile {work}/sleeper.py\nimport os, pathlib, time\n'
+                "(pathlib.Path(os.environ['MARKS']) / f'rank-{os.getpid()}')"
+                '.touch()\ntime.sleep(300)\n'
+            ),
+        ]
+    )
     notebook = tmp_path / '99_sleeper.ipynb'
     nbformat.write(nb, notebook)
-    proc = subprocess.Popen([sys.executable, gpucheck.__file__, 'script', str(notebook),
-                             'sleeper.py', '--nproc', '1', '--backend', 'gloo', '--device', 'cpu',
-                             '--scratch', str(tmp_path / 's')], start_new_session=True,
-                            env=dict(os.environ, MARKS=str(marks)),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            gpucheck.__file__,
+            'script',
+            str(notebook),
+            'sleeper.py',
+            '--nproc',
+            '1',
+            '--backend',
+            'gloo',
+            '--device',
+            'cpu',
+            '--scratch',
+            str(tmp_path / 's'),
+        ],
+        start_new_session=True,
+        env=dict(os.environ, MARKS=str(marks)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 120
     while not list(marks.glob('rank-*')) and time.monotonic() < deadline:
         assert proc.poll() is None, 'the row ended before its rank started'
@@ -209,8 +277,11 @@ def test_a_script_row_ended_midway_leaves_no_rank_behind(tmp_path):
     deadline = time.monotonic() + 15
     while any(Path(f'/proc/{pid}').exists() for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not [pid for pid in pids if Path(f'/proc/{pid}').exists()
-                and 'Z' not in Path(f'/proc/{pid}/stat').read_text().split()[2]]
+    assert not [
+        pid
+        for pid in pids
+        if Path(f'/proc/{pid}').exists() and 'Z' not in Path(f'/proc/{pid}/stat').read_text().split()[2]
+    ]
 
 
 # --- The driver is asked before any row: a GPU torch cannot use fails loudly, with the fix ---
@@ -238,8 +309,7 @@ def _fake_driver(tmp_path):
 def test_the_driver_is_read_from_nvidia_smi_and_proc(tmp_path, monkeypatch):
     monkeypatch.setenv('PATH', _fake_driver(tmp_path)['PATH'])
     found = gpucheck.driver_gpus(proc=tmp_path / 'no-proc')
-    assert (found['count'], found['version'], found['cuda'], found['exclusive']) == (
-        2, '535.104.05', '12.2', False)
+    assert (found['count'], found['version'], found['cuda'], found['exclusive']) == (2, '535.104.05', '12.2', False)
     proc = tmp_path / 'proc-gpus'  # /proc/driver/nvidia/gpus: a folder per GPU
     for bus in ('0000:17:00.0', '0000:65:00.0', '0000:ca:00.0'):
         (proc / bus).mkdir(parents=True)
@@ -247,19 +317,23 @@ def test_the_driver_is_read_from_nvidia_smi_and_proc(tmp_path, monkeypatch):
     assert gpucheck.driver_gpus(proc=proc)['count'] == 3
 
 
-def test_gpus_the_driver_lists_but_torch_cannot_use_stop_gpucheck_with_the_reason_and_the_fix(
-        tmp_path):
+def test_gpus_the_driver_lists_but_torch_cannot_use_stop_gpucheck_with_the_reason_and_the_fix(tmp_path):
     """The hosted-T4 case: the driver runs CUDA 12.2, this torch needs a newer CUDA (or is a
     CPU build); here torch finds no GPU, exactly as it would there. Even --allow-cpu must not
     turn that into a green table."""
     import torch
     from d2lpar import num_gpus
+
     if num_gpus():
         pytest.skip('torch can use a GPU here: nothing to mock')
     for flags in ([], ['--allow-cpu']):
-        done = subprocess.run([sys.executable, gpucheck.__file__, '--quick', *flags,
-                               '--logs', str(tmp_path / 'logs')], env=_fake_driver(tmp_path),
-                              capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [sys.executable, gpucheck.__file__, '--quick', *flags, '--logs', str(tmp_path / 'logs')],
+            env=_fake_driver(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 2, done.stdout + done.stderr
         assert 'lists 2 GPU(s)' in done.stderr and 'can use none' in done.stderr
         assert 'runs CUDA up to 12.2' in done.stderr and 'Fix' in done.stderr
@@ -288,41 +362,69 @@ def test_preflight_names_each_reason_and_lets_only_usable_gpus_or_an_explicit_cp
 
 def test_script_refuses_more_nccl_ranks_than_gpus_before_starting_a_kernel(tmp_path):
     from d2lpar import num_gpus
-    done = subprocess.run([sys.executable, gpucheck.__file__, 'script',
-                           'notebooks/12_tensor_parallel.ipynb', 'tp_block.py', '--nproc',
-                           str(num_gpus() + 1), '--scratch', str(tmp_path / 's')],
-                          cwd=gpucheck.ROOT, capture_output=True, text=True, timeout=180)
+
+    done = subprocess.run(
+        [
+            sys.executable,
+            gpucheck.__file__,
+            'script',
+            'notebooks/12_tensor_parallel.ipynb',
+            'tp_block.py',
+            '--nproc',
+            str(num_gpus() + 1),
+            '--scratch',
+            str(tmp_path / 's'),
+        ],
+        cwd=gpucheck.ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert done.returncode == 2 and 'needs one GPU per rank' in done.stderr
     assert not (tmp_path / 's').exists()
 
 
 # --- Rows that check numbers: the runner hands the ranks' results to the row's check ---
 
+
 def test_a_row_that_exits_0_with_wrong_numbers_fails(tmp_path, monkeypatch, capsys):
-    emit = ('from d2lpar.distributed import emit_result; '
-            'emit_result(rank=0, total={})')
-    fake = [gpucheck.Row('right', argv=[sys.executable, '-c', emit.format(1.0)],
-                         check=functools.partial(checks._check_hello, nproc=1),
-                         env={'NCCL_DEBUG': 'INFO'}),
-            gpucheck.Row('wrong', argv=[sys.executable, '-c', emit.format(2.0)],
-                         check=functools.partial(checks._check_hello, nproc=1)),
-            gpucheck.Row('silent', argv=[sys.executable, '-c', 'pass'],
-                         check=functools.partial(checks._check_hello, nproc=1))]
+    emit = 'from d2lpar.distributed import emit_result; emit_result(rank=0, total={})'
+    fake = [
+        gpucheck.Row(
+            'right',
+            argv=[sys.executable, '-c', emit.format(1.0)],
+            check=functools.partial(checks._check_hello, nproc=1),
+            env={'NCCL_DEBUG': 'INFO'},
+        ),
+        gpucheck.Row(
+            'wrong',
+            argv=[sys.executable, '-c', emit.format(2.0)],
+            check=functools.partial(checks._check_hello, nproc=1),
+        ),
+        gpucheck.Row(
+            'silent', argv=[sys.executable, '-c', 'pass'], check=functools.partial(checks._check_hello, nproc=1)
+        ),
+    ]
     fake[0].argv[-1] += '; print("host:1:1 [0] NCCL INFO Bootstrap")'
     monkeypatch.setattr(gpucheck, 'rows', lambda scratch: fake)
     _no_driver(monkeypatch)
     assert gpucheck.main(['--allow-cpu', '--logs', str(tmp_path)]) == 1
     out = capsys.readouterr().out
-    table = {line.split()[0]: line for line in out.splitlines()
-             if line.split() and line.split()[0] in ('right', 'wrong', 'silent')}
+    table = {
+        line.split()[0]: line
+        for line in out.splitlines()
+        if line.split() and line.split()[0] in ('right', 'wrong', 'silent')
+    }
     assert table['right'].endswith('PASS')
     assert 'check failed: rank 0: all_reduce gave 2.0, not 1' in table['wrong']
     assert "check failed: 'total' from ranks [], expected 0-0" in table['silent']
 
 
 def test_the_runner_sets_offline_data_and_a_free_port(tmp_path, monkeypatch, capsys):
-    show = ('import os, sys; print("offline", os.environ.get("D2LPAR_OFFLINE"), '
-            '"small", os.environ.get("D2LPAR_SMALL"), "port", sys.argv[1])')
+    show = (
+        'import os, sys; print("offline", os.environ.get("D2LPAR_OFFLINE"), '
+        '"small", os.environ.get("D2LPAR_SMALL"), "port", sys.argv[1])'
+    )
     monkeypatch.setenv('D2LPAR_SMALL', '1')  # the test suite's: not a full-size row's
     fake = [gpucheck.Row('env', argv=[sys.executable, '-c', show, f'{gpucheck.PORT}'])]
     monkeypatch.setattr(gpucheck, 'rows', lambda scratch: fake)
@@ -344,14 +446,26 @@ def test_every_gpu_row_checks_numbers_and_the_quick_rows_fit_one_gpu_in_8_minute
     assert all(row.needs == 1 and row.name.startswith('quick: ') for row in quick)
     assert sum(row.estimate for row in quick) < 8 * 60  # estimates, stated as such
     covered = ' '.join(row.name for row in quick)
-    for part in ('ddp', 'SyncBatchNorm', 'inductor', 'profiler', 'mini-DDP', 'context_parallel',
-                 'measure_zero', 'fsdp_save', 'tp_block', 'tp_dtensor', '01_single_device',
-                 '08_lenet'):
+    for part in (
+        'ddp',
+        'SyncBatchNorm',
+        'inductor',
+        'profiler',
+        'mini-DDP',
+        'context_parallel',
+        'measure_zero',
+        'fsdp_save',
+        'tp_block',
+        'tp_dtensor',
+        '01_single_device',
+        '08_lenet',
+    ):
         assert part in covered, part
     assert 'nccl' in ' '.join(str(a) for row in quick for a in row.argv)
 
 
 # --- Each check function, fed right numbers and then the classic wrong ones ---
+
 
 def _fails(check, records, message, *args, **kwargs):
     with pytest.raises(checks.CheckFailed, match=message):
@@ -361,23 +475,34 @@ def _fails(check, records, message, *args, **kwargs):
 def _ddp_records(nproc=2):
     """What ddp_torchrun.py's ranks hand back when DDP is right: one process's numbers."""
     init, final, losses = checks._one_process_ddp(4)
-    return [dict(rank=r, backend='nccl', init=init if r == 0 else [x + 1 for x in init],
-                 synced=init, final=final, losses=dict(losses), replica_gap=0.0)
-            for r in range(nproc)]
+    return [
+        dict(
+            rank=r,
+            backend='nccl',
+            init=init if r == 0 else [x + 1 for x in init],
+            synced=init,
+            final=final,
+            losses=dict(losses),
+            replica_gap=0.0,
+        )
+        for r in range(nproc)
+    ]
 
 
 def test_the_ddp_and_restart_checks_compare_with_one_process():
     check = functools.partial(checks._check_ddp, log='', nproc=2, epochs=4)
     check(_ddp_records())
     for edit, message in [
-            (lambda rs: rs[0].update(backend='gloo'), 'ran on gloo'),
-            (lambda rs: [r.update(final=[x * 1.01 for x in r['final']]) for r in rs],
-             'differ from one process'),  # e.g. gradients summed, not averaged
-            (lambda rs: rs[1].update(replica_gap=1e-7), 'replicas differ'),
-            (lambda rs: rs[1].update(synced=rs[1]['init']), "rank 0's parameters"),
-            (lambda rs: rs.pop(), r"from ranks \[0\]"),
-            (lambda rs: [r['losses'].update({'3': r['losses']['3'] + 1e-3}) for r in rs],
-             'losses')]:
+        (lambda rs: rs[0].update(backend='gloo'), 'ran on gloo'),
+        (
+            lambda rs: [r.update(final=[x * 1.01 for x in r['final']]) for r in rs],
+            'differ from one process',
+        ),  # e.g. gradients summed, not averaged
+        (lambda rs: rs[1].update(replica_gap=1e-7), 'replicas differ'),
+        (lambda rs: rs[1].update(synced=rs[1]['init']), "rank 0's parameters"),
+        (lambda rs: rs.pop(), r"from ranks \[0\]"),
+        (lambda rs: [r['losses'].update({'3': r['losses']['3'] + 1e-3}) for r in rs], 'losses'),
+    ]:
         records = _ddp_records()
         edit(records)
         _fails(check, records, message)
@@ -392,15 +517,25 @@ def test_the_ddp_and_restart_checks_compare_with_one_process():
 
 def test_the_syncbatchnorm_check_wants_the_global_batch_statistics():
     import torch
+
     g = torch.Generator().manual_seed(0)
     X = (torch.randn(8, 4, generator=g) * 3 + 1).tolist()
     Y = checks._batchnorm(X)
 
     def records(syncbn_rows):
-        return [dict(rank=r, backend='nccl', X=X[4 * r:4 * r + 4], Y=Y[4 * r:4 * r + 4],
-                     syncbn={'Y': syncbn_rows[4 * r:4 * r + 4]}, converted=['Linear', 'SyncBatchNorm'],
-                     unused_error='Expected to have finished reduction', unused_error_with_find=None)
-                for r in range(2)]
+        return [
+            dict(
+                rank=r,
+                backend='nccl',
+                X=X[4 * r : 4 * r + 4],
+                Y=Y[4 * r : 4 * r + 4],
+                syncbn={'Y': syncbn_rows[4 * r : 4 * r + 4]},
+                converted=['Linear', 'SyncBatchNorm'],
+                unused_error='Expected to have finished reduction',
+                unused_error_with_find=None,
+            )
+            for r in range(2)
+        ]
 
     checks._check_anatomy(records(Y), '', nproc=2)
     local = checks._batchnorm(X[:4]) + checks._batchnorm(X[4:])  # each rank's own batch
@@ -415,23 +550,62 @@ def _practice_records(trace):
     records = []
     for rank in range(2):
         records += [
-            dict(rank=rank, part='accumulate', k=4, buckets=2, calls_no_sync=2, calls_every=8,
-                 diff_vs_reference=1e-8, diff_vs_big_batch=1e-8, diff_every_vs_reference=1e-8,
-                 moved=0.05),
-            dict(rank=rank, part='amp', dtype='torch.float16', out_dtype='torch.float16',
-                 loss_dtype='torch.float32', grad_dtype='torch.float32', loss32=1.386,
-                 loss16=1.387, grad_rel_err=0.002, hook='fp16_compress_hook', steps=20,
-                 plain_bytes=2 * 20 * 4 * 100, compressed_bytes=20 * 4 * 100, calls=20,
-                 compressed_calls=20, params=100, diff_compressed=1e-4, diff_mixed=2e-4,
-                 moved=0.1),
+            dict(
+                rank=rank,
+                part='accumulate',
+                k=4,
+                buckets=2,
+                calls_no_sync=2,
+                calls_every=8,
+                diff_vs_reference=1e-8,
+                diff_vs_big_batch=1e-8,
+                diff_every_vs_reference=1e-8,
+                moved=0.05,
+            ),
+            dict(
+                rank=rank,
+                part='amp',
+                dtype='torch.float16',
+                out_dtype='torch.float16',
+                loss_dtype='torch.float32',
+                grad_dtype='torch.float32',
+                loss32=1.386,
+                loss16=1.387,
+                grad_rel_err=0.002,
+                hook='fp16_compress_hook',
+                steps=20,
+                plain_bytes=2 * 20 * 4 * 100,
+                compressed_bytes=20 * 4 * 100,
+                calls=20,
+                compressed_calls=20,
+                params=100,
+                diff_compressed=1e-4,
+                diff_mixed=2e-4,
+                moved=0.1,
+            ),
             dict(rank=rank, part='join', counts=[3, 5], steps=3 + 2 * rank, diff=1e-8, moved=0.1),
             dict(rank=rank, part='evaluate', n=101, correct=40, total=101, single_correct=40),
-            dict(rank=rank, part='profile', trace=str(trace), steps=3, report=[
-                dict(allreduces=6, first_launch=1.0, last_grad_start=2.0)] * 3),
+            dict(
+                rank=rank,
+                part='profile',
+                trace=str(trace),
+                steps=3,
+                report=[dict(allreduces=6, first_launch=1.0, last_grad_start=2.0)] * 3,
+            ),
             dict(rank=rank, part='loader', pinned=True, param_device=f'cuda:{rank}'),
-            dict(rank=rank, part='compile', backend='inductor', graphs_with_optimizer=[1, 1, 1, 1],
-                 graphs_without=[4], graphs=4, layers=4, out_diff=1e-6, grad_diff=1e-6),
-            dict(rank=rank, part='done', backend='nccl')]
+            dict(
+                rank=rank,
+                part='compile',
+                backend='inductor',
+                graphs_with_optimizer=[1, 1, 1, 1],
+                graphs_without=[4],
+                graphs=4,
+                layers=4,
+                out_diff=1e-6,
+                grad_diff=1e-6,
+            ),
+            dict(rank=rank, part='done', backend='nccl'),
+        ]
     return records
 
 
@@ -441,19 +615,19 @@ def test_the_ddp_practice_check_catches_each_parts_wrong_numbers(tmp_path):
     check = functools.partial(checks._check_practice, log='', nproc=2)
     check(_practice_records(trace))
     for part, change, message in [
-            ('amp', dict(out_dtype='torch.bfloat16'), 'not float16'),
-            ('amp', dict(compressed_bytes=2 * 20 * 4 * 100), 'compression hook'),
-            ('amp', dict(diff_mixed=0.5), 'drifted'),
-            ('amp', dict(grad_rel_err=0.0), 'gradient error'),  # not really 16 bits
-            ('accumulate', dict(calls_no_sync=8), 'no_sync allreduce counts'),
-            ('compile', dict(grad_diff=0.1), 'inductor differs'),
-            ('compile', dict(graphs_with_optimizer=[4]), 'compiled graphs'),
-            ('join', dict(diff=1e-3), 'join trained'),
-            ('evaluate', dict(total=102), 'accuracy'),  # the padded duplicate counted
-            ('profile', dict(report=[dict(allreduces=6, first_launch=3.0, last_grad_start=2.0)] * 3),
-             'no overlapped'),
-            ('loader', dict(param_device='cpu'), 'parameters on cpu'),
-            ('done', dict(backend='gloo'), 'not on nccl')]:
+        ('amp', dict(out_dtype='torch.bfloat16'), 'not float16'),
+        ('amp', dict(compressed_bytes=2 * 20 * 4 * 100), 'compression hook'),
+        ('amp', dict(diff_mixed=0.5), 'drifted'),
+        ('amp', dict(grad_rel_err=0.0), 'gradient error'),  # not really 16 bits
+        ('accumulate', dict(calls_no_sync=8), 'no_sync allreduce counts'),
+        ('compile', dict(grad_diff=0.1), 'inductor differs'),
+        ('compile', dict(graphs_with_optimizer=[4]), 'compiled graphs'),
+        ('join', dict(diff=1e-3), 'join trained'),
+        ('evaluate', dict(total=102), 'accuracy'),  # the padded duplicate counted
+        ('profile', dict(report=[dict(allreduces=6, first_launch=3.0, last_grad_start=2.0)] * 3), 'no overlapped'),
+        ('loader', dict(param_device='cpu'), 'parameters on cpu'),
+        ('done', dict(backend='gloo'), 'not on nccl'),
+    ]:
         records = _practice_records(trace)
         next(r for r in records if r['part'] == part and r['rank'] == 1).update(change)
         _fails(check, records, message)
@@ -463,44 +637,58 @@ def test_the_ddp_practice_check_catches_each_parts_wrong_numbers(tmp_path):
 def test_the_other_row_checks_catch_wrong_numbers():
     log = '\n'.join(f'epoch {e}: loss {1 - e / 10:.4f} (2 processes, nccl)' for e in range(3))
     checks._check_standalone([], log, nproc=2, epochs=3)
-    _fails(checks._check_standalone, [], 'ran as', log.replace('nccl', 'gloo'), nproc=2,
-           epochs=3)
-    _fails(checks._check_standalone, [], 'epochs printed', log.split('\n', 1)[1], nproc=2,
-           epochs=3)
-    _fails(checks._check_standalone, [], 'did not go down', log.replace('loss 0.8', 'loss 1.8'),
-           nproc=2, epochs=3)
+    _fails(checks._check_standalone, [], 'ran as', log.replace('nccl', 'gloo'), nproc=2, epochs=3)
+    _fails(checks._check_standalone, [], 'epochs printed', log.split('\n', 1)[1], nproc=2, epochs=3)
+    _fails(checks._check_standalone, [], 'did not go down', log.replace('loss 0.8', 'loss 1.8'), nproc=2, epochs=3)
 
     def miniddp(**change):
-        r = [dict(rank=k, backend='nccl', device=f'cuda:{k}', param_tensors=4,
-                  max_diff={n: 1e-7 for n in ('DDP', 'HookDDP', 'B 0.25', 'B inf', 'O 0.25', 'O inf')},
-                  max_diff_single={'DDP': 1e-7}, allreduce_calls={'HookDDP': 4, 'B 0.25': 2},
-                  buckets={'HookDDP': [], 'B 0.25': [[0, 1], [2, 3]]}) for k in range(2)]
+        r = [
+            dict(
+                rank=k,
+                backend='nccl',
+                device=f'cuda:{k}',
+                param_tensors=4,
+                max_diff={n: 1e-7 for n in ('DDP', 'HookDDP', 'B 0.25', 'B inf', 'O 0.25', 'O inf')},
+                max_diff_single={'DDP': 1e-7},
+                allreduce_calls={'HookDDP': 4, 'B 0.25': 2},
+                buckets={'HookDDP': [], 'B 0.25': [[0, 1], [2, 3]]},
+            )
+            for k in range(2)
+        ]
         r[1].update(change)
         return r
+
     checks._check_miniddp(miniddp(), '', nproc=2)
-    _fails(checks._check_miniddp, miniddp(max_diff_single={'DDP': 1e-3}), 'differences', '',
-           nproc=2)
-    _fails(checks._check_miniddp, miniddp(allreduce_calls={'HookDDP': 8}), 'HookDDP made 8', '',
-           nproc=2)
-    _fails(checks._check_miniddp, miniddp(device='cpu', backend='gloo'), 'ran on gloo', '',
-           nproc=2)
+    _fails(checks._check_miniddp, miniddp(max_diff_single={'DDP': 1e-3}), 'differences', '', nproc=2)
+    _fails(checks._check_miniddp, miniddp(allreduce_calls={'HookDDP': 8}), 'HookDDP made 8', '', nproc=2)
+    _fails(checks._check_miniddp, miniddp(device='cpu', backend='gloo'), 'ran on gloo', '', nproc=2)
 
     def cp(**change):
         r = [dict(rank=k, supported=True, device=f'cuda:{k}', errors=[1e-6] * 4) for k in range(2)]
         r[0].update(change)
         return r
+
     checks._check_context_parallel(cp(), '', nproc=2)
-    _fails(checks._check_context_parallel, cp(supported=False, message='no rule for '
-           'aten._scaled_dot_product_flash_attention'), 'not supported', '', nproc=2)
-    _fails(checks._check_context_parallel, cp(errors=[1e-6, 1e-6, 0.3, 1e-6]),
-           'full attention', '', nproc=2)
+    _fails(
+        checks._check_context_parallel,
+        cp(supported=False, message='no rule for aten._scaled_dot_product_flash_attention'),
+        'not supported',
+        '',
+        nproc=2,
+    )
+    _fails(checks._check_context_parallel, cp(errors=[1e-6, 1e-6, 0.3, 1e-6]), 'full attention', '', nproc=2)
     _fails(checks._check_flight_recorder, [], 'stuck', 'rank 0: all_reduce completed')
     checks._check_pytest_ran([], '3 passed in 4.1s')
     _fails(checks._check_pytest_ran, [], 'no test ran', '5 skipped in 0.1s')
     P = 24960
-    zero = {k: dict(num_params=P, sent={'DDP': P * 4, 'ZeRO-1': P * 4, 'ZeRO-2': P * 4,
-                                         'ZeRO-3': P * 6},
-                    peak={'DDP': 400, 'ZeRO-1': 300, 'ZeRO-2': 200, 'ZeRO-3': 100}) for k in range(2)}
+    zero = {
+        k: dict(
+            num_params=P,
+            sent={'DDP': P * 4, 'ZeRO-1': P * 4, 'ZeRO-2': P * 4, 'ZeRO-3': P * 6},
+            peak={'DDP': 400, 'ZeRO-1': 300, 'ZeRO-2': 200, 'ZeRO-3': 100},
+        )
+        for k in range(2)
+    }
     script_checks._check_measure_zero(zero, [])
     zero[1]['sent']['ZeRO-3'] = P * 4  # a layer not gathered again for backward
     _fails(script_checks._check_measure_zero, zero, 'ZeRO-3 sent', [])

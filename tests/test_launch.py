@@ -3,6 +3,7 @@
 Each test that starts processes checks afterwards that none of them survives and that
 the port is free again, whether the ranks succeeded, crashed, hung or were interrupted.
 """
+
 import _thread
 import os
 import shlex
@@ -45,9 +46,11 @@ def wait_for(predicate, seconds=60):
 
 def workers_of(prefix, count):
     """Wait until `count` processes of launches whose id starts with `prefix` run."""
+
     def enough():
         procs = launched_processes(prefix)
         return procs if len(procs) >= count else None
+
     return wait_for(enough)
 
 
@@ -90,21 +93,18 @@ def test_ranks_report_output_and_results():
 
 @pytest.mark.skipif(not os.path.isdir('/proc/self'), reason='reads /proc/PID/cmdline')
 def test_the_printed_command_and_environment_are_what_ran():
-    result = launch(PROBE, nproc=2, args=['--mode', 'ok'], timeout=120, echo=False,
-                    env={'D2LPAR_TEST_ADDED': 'yes'})
+    result = launch(PROBE, nproc=2, args=['--mode', 'ok'], timeout=120, echo=False, env={'D2LPAR_TEST_ADDED': 'yes'})
     assert result.ok, result.text()
     assert len(result.commands) == 1
     argv = shlex.split(result.commands[0])
     # the agent wrapper, which then becomes torchrun: torchrun's command line is the rest
-    assert argv[:3] == [sys.executable, str(ROOT / 'd2lpar' / 'programs' / 'start_agent.py'),
-                        str(os.getpid())]
+    assert argv[:3] == [sys.executable, str(ROOT / 'd2lpar' / 'programs' / 'start_agent.py'), str(os.getpid())]
     torchrun_argv = argv[3:]
     assert torchrun_argv[:3] == [sys.executable, '-m', 'torch.distributed.run']
     for rank, seen in result.by_rank('cmdlines').items():
         assert seen['parent'] == torchrun_argv  # exactly what torchrun ran as
         # each rank: python -u, the shim under the script's name, the script, its args
-        assert seen['rank'][-4:] == torchrun_argv[-4:] == [
-            torchrun_argv[-4], str(PROBE), '--mode', 'ok']
+        assert seen['rank'][-4:] == torchrun_argv[-4:] == [torchrun_argv[-4], str(PROBE), '--mode', 'ok']
         assert Path(seen['rank'][-4]).name == PROBE.name != seen['rank'][-4]
     # every variable the launch changed is named in result.env, with the value the ranks saw
     assert result.env['D2LPAR_TEST_ADDED'] == 'yes' and result.env['OMP_NUM_THREADS'] == '1'
@@ -114,69 +114,85 @@ def test_the_printed_command_and_environment_are_what_ran():
         assert {k: environ.get(k) for k in result.env} == result.env
         # and nothing else the ranks saw differs from the kernel's, but what torchrun sets
         others = {k for k in environ if environ[k] != os.environ.get(k)} - set(result.env)
-        assert all(k in TORCHRUN_SETS or k.startswith(('TORCHELASTIC_', 'TORCH_NCCL_'))
-                   for k in others), others
+        assert all(k in TORCHRUN_SETS or k.startswith(('TORCHELASTIC_', 'TORCH_NCCL_')) for k in others), others
 
 
 # what torchrun itself puts in every worker's environment (torch/distributed/elastic/agent)
-TORCHRUN_SETS = {'LOCAL_RANK', 'RANK', 'GROUP_RANK', 'ROLE_RANK', 'ROLE_NAME', 'LOCAL_WORLD_SIZE',
-                 'WORLD_SIZE', 'GROUP_WORLD_SIZE', 'ROLE_WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT',
-                 'TORCH_NCCL_ASYNC_ERROR_HANDLING', 'NCCL_ASYNC_ERROR_HANDLING', 'OMP_NUM_THREADS',
-                 'PYTHONUNBUFFERED', 'CUDA_MODULE_LOADING', 'TORCHELASTIC_RUN_ID'}
+TORCHRUN_SETS = {
+    'LOCAL_RANK',
+    'RANK',
+    'GROUP_RANK',
+    'ROLE_RANK',
+    'ROLE_NAME',
+    'LOCAL_WORLD_SIZE',
+    'WORLD_SIZE',
+    'GROUP_WORLD_SIZE',
+    'ROLE_WORLD_SIZE',
+    'MASTER_ADDR',
+    'MASTER_PORT',
+    'TORCH_NCCL_ASYNC_ERROR_HANDLING',
+    'NCCL_ASYNC_ERROR_HANDLING',
+    'OMP_NUM_THREADS',
+    'PYTHONUNBUFFERED',
+    'CUDA_MODULE_LOADING',
+    'TORCHELASTIC_RUN_ID',
+}
 
 
 @posix_only
 def test_echo_prints_each_line_prefixed_by_its_rank(capsys):
-    launch(PROBE, nproc=2, args=['--mode', 'quick'], timeout=120,
-           launcher='torch.distributed.launch')
+    launch(PROBE, nproc=2, args=['--mode', 'quick'], timeout=120, launcher='torch.distributed.launch')
     lines = capsys.readouterr().out.splitlines()
     for rank in (0, 1):  # the deprecated launcher passes --local-rank to the script
-        assert any(line.startswith(f'[rank {rank}] hello from rank {rank} pid ')
-                   and line.endswith(f"argv ['--local-rank={rank}', '--mode', 'quick']")
-                   for line in lines), lines
+        assert any(
+            line.startswith(f'[rank {rank}] hello from rank {rank} pid ')
+            and line.endswith(f"argv ['--local-rank={rank}', '--mode', 'quick']")
+            for line in lines
+        ), lines
     # torch warns that the launcher is deprecated; its category, not its wording, is checked
     assert any('FutureWarning' in line for line in lines)
 
 
-@pytest.mark.parametrize('kwargs,error,message', [
-    (dict(script='no_such_script.py'), ValueError, 'no script'),
-    (dict(script=42), TypeError, 'path'),
-    (dict(nproc=0), ValueError, 'nproc'),
-    (dict(nproc=True), ValueError, 'nproc'),
-    (dict(nproc=2.0), ValueError, 'nproc'),
-    (dict(nnodes=0), ValueError, 'nnodes'),
-    (dict(args='--mode ok'), TypeError, r"args=\['--mode', 'ok'\]"),
-    (dict(args=[None]), TypeError, 'string or number'),
-    (dict(timeout=0), ValueError, 'timeout'),
-    (dict(timeout='60'), ValueError, 'timeout'),
-    (dict(grace=-1), ValueError, 'grace'),
-    (dict(timeout=float('inf')), ValueError, 'timeout must be finite'),
-    (dict(timeout=float('nan')), ValueError, 'timeout must be a positive'),
-    (dict(env=['A=1']), TypeError, 'dict'),
-    (dict(env={'A=B': '1'}), ValueError, 'name'),
-    (dict(env={'A': object()}), TypeError, 'None'),
-    (dict(launcher='mpirun'), ValueError, 'launcher'),
-    (dict(launcher='python', nproc=2), ValueError, 'nproc=1'),
-    (dict(port=70000), ValueError, 'port'),
-    (dict(max_restarts=-1), ValueError, 'max_restarts'),
-    (dict(max_restarts=True), ValueError, 'max_restarts'),
-    (dict(launcher='python', nproc=1, max_restarts=1), ValueError, 'needs torchrun'),
-])
+@pytest.mark.parametrize(
+    'kwargs,error,message',
+    [
+        (dict(script='no_such_script.py'), ValueError, 'no script'),
+        (dict(script=42), TypeError, 'path'),
+        (dict(nproc=0), ValueError, 'nproc'),
+        (dict(nproc=True), ValueError, 'nproc'),
+        (dict(nproc=2.0), ValueError, 'nproc'),
+        (dict(nnodes=0), ValueError, 'nnodes'),
+        (dict(args='--mode ok'), TypeError, r"args=\['--mode', 'ok'\]"),
+        (dict(args=[None]), TypeError, 'string or number'),
+        (dict(timeout=0), ValueError, 'timeout'),
+        (dict(timeout='60'), ValueError, 'timeout'),
+        (dict(grace=-1), ValueError, 'grace'),
+        (dict(timeout=float('inf')), ValueError, 'timeout must be finite'),
+        (dict(timeout=float('nan')), ValueError, 'timeout must be a positive'),
+        (dict(env=['A=1']), TypeError, 'dict'),
+        (dict(env={'A=B': '1'}), ValueError, 'name'),
+        (dict(env={'A': object()}), TypeError, 'None'),
+        (dict(launcher='mpirun'), ValueError, 'launcher'),
+        (dict(launcher='python', nproc=2), ValueError, 'nproc=1'),
+        (dict(port=70000), ValueError, 'port'),
+        (dict(max_restarts=-1), ValueError, 'max_restarts'),
+        (dict(max_restarts=True), ValueError, 'max_restarts'),
+        (dict(launcher='python', nproc=1, max_restarts=1), ValueError, 'needs torchrun'),
+    ],
+)
 def test_bad_arguments_are_refused_before_anything_starts(kwargs, error, message):
     before = set(os.listdir(tempfile.gettempdir()))
     call = dict(script=PROBE, nproc=2, args=['--mode', 'ok'], timeout=60)
     call.update(kwargs)
     with pytest.raises(error, match=message):
         launch(call.pop('script'), **call)
-    created = {n for n in set(os.listdir(tempfile.gettempdir())) - before
-               if n.startswith('d2lpar-launch-')}
+    created = {n for n in set(os.listdir(tempfile.gettempdir())) - before if n.startswith('d2lpar-launch-')}
     assert not created
 
 
 @posix_only
 def test_max_restarts_lets_torchrun_restart_the_whole_group():
-    result = launch(PROBE, nproc=2, args=['--mode', 'restart'], timeout=120, echo=False,
-                    max_restarts=1)
+    result = launch(PROBE, nproc=2, args=['--mode', 'restart'], timeout=120, echo=False, max_restarts=1)
     assert result.ok, result.text()
     assert result.by_rank('attempt') == {0: 1, 1: 1}  # both ranks ran again, on attempt 1
     for rank in (0, 1):
@@ -205,8 +221,7 @@ def test_a_crashing_rank_stops_the_launch():
 @pytest.mark.parametrize('crash_rank', [0, 1])
 def test_a_stopped_rank_keeps_its_output_and_the_first_failure_is_named(crash_rank):
     other = 1 - crash_rank
-    result = launch(PROBE, nproc=2, args=['--mode', 'crash', '--crash-rank', crash_rank],
-                    timeout=120, echo=False)
+    result = launch(PROBE, nproc=2, args=['--mode', 'crash', '--crash-rank', crash_rank], timeout=120, echo=False)
     assert result.first_failure == crash_rank
     assert result.exits[crash_rank]['how'] == 'error' and result.exits[crash_rank]['code'] == 3
     # torchrun stopped the other rank; what it printed before is kept, and it says why it ended
@@ -229,8 +244,14 @@ def test_what_c_code_printed_is_kept_even_when_the_rank_is_stopped():
 
 
 def test_the_first_failure_falls_back_to_torchruns_root_cause():
-    lines = ['Failures:', '[1]:', '  rank      : 0 (local_rank: 0)',
-             'Root Cause (first observed failure):', '[0]:', '  rank      : 1 (local_rank: 1)']
+    lines = [
+        'Failures:',
+        '[1]:',
+        '  rank      : 0 (local_rank: 0)',
+        'Root Cause (first observed failure):',
+        '[0]:',
+        '  rank      : 1 (local_rank: 1)',
+    ]
     result = LaunchResult(1, {'torchrun': lines}, [])
     assert result.first_failure == 1
     assert LaunchResult(0, {0: ['fine']}, []).first_failure is None
@@ -239,8 +260,9 @@ def test_the_first_failure_falls_back_to_torchruns_root_cause():
 @posix_only
 def test_a_rank_killed_from_outside_stops_the_launch():
     outcome = {}
-    thread = threading.Thread(target=lambda: outcome.update(result=launch(
-        PROBE, nproc=2, args=['--mode', 'hang'], timeout=120, echo=False)))
+    thread = threading.Thread(
+        target=lambda: outcome.update(result=launch(PROBE, nproc=2, args=['--mode', 'hang'], timeout=120, echo=False))
+    )
     thread.start()
     procs = workers_of(f'{os.getpid()}-', 3)
     ranks = [p for p in procs if 'torch.distributed.run' not in p.cmd]
@@ -299,9 +321,14 @@ LAUNCHER_PROCESS = textwrap.dedent('''
 
 def start_launcher_process():
     """Start a Python process that launches the probe, in a process group of its own."""
-    return subprocess.Popen([sys.executable, '-c', LAUNCHER_PROCESS, str(PROBE)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, '-c', LAUNCHER_PROCESS, str(PROBE)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 @posix_only
@@ -342,12 +369,15 @@ def test_a_killed_launcher_takes_torchrun_and_its_ranks_with_it():
 
 @posix_only
 def test_a_launch_first_ends_what_launches_of_dead_processes_left():
-    gone = subprocess.run([sys.executable, '-c', 'import os; print(os.getpid())'],
-                          capture_output=True, text=True, check=True)
+    gone = subprocess.run(
+        [sys.executable, '-c', 'import os; print(os.getpid())'], capture_output=True, text=True, check=True
+    )
     dead_owner = int(gone.stdout)  # a pid whose process has exited
-    orphan = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'],
-                              env={**os.environ, 'D2LPAR_LAUNCH_ID': f'{dead_owner}-old-launch'},
-                              start_new_session=True)
+    orphan = subprocess.Popen(
+        [sys.executable, '-c', 'import time; time.sleep(300)'],
+        env={**os.environ, 'D2LPAR_LAUNCH_ID': f'{dead_owner}-old-launch'},
+        start_new_session=True,
+    )
     try:
         wait_for(lambda: launched_processes(f'{dead_owner}-'), 30)
         result = launch(PROBE, nproc=1, args=['--mode', 'quick'], timeout=120, echo=False)
@@ -387,8 +417,7 @@ def test_a_port_in_use_fails_fast_and_starts_nothing():
         taken = s.getsockname()[1]
         assert not port_is_free(taken)
         start = time.monotonic()
-        result = launch(PROBE, nproc=1, args=['--mode', 'quick'], timeout=120, port=taken,
-                        echo=False)
+        result = launch(PROBE, nproc=1, args=['--mode', 'quick'], timeout=120, port=taken, echo=False)
         assert time.monotonic() - start < 10
         assert not result.ok and not result.timed_out and result.commands == []
         message = result.output['d2lpar.launch'][0]
@@ -406,9 +435,11 @@ def test_end_processes_wants_what_launched_processes_returns():
         end_processes([os.getpid()])
 
 
-LOOPBACK = {'0100007F',  # 127.0.0.1 as /proc/net/tcp writes it
-            '00000000000000000000000001000000',  # ::1
-            '0000000000000000FFFF00000100007F'}  # ::ffff:127.0.0.1
+LOOPBACK = {
+    '0100007F',  # 127.0.0.1 as /proc/net/tcp writes it
+    '00000000000000000000000001000000',  # ::1
+    '0000000000000000FFFF00000100007F',
+}  # ::ffff:127.0.0.1
 
 
 def listening_sockets(pids):
@@ -440,9 +471,11 @@ def listening_sockets(pids):
 @pytest.mark.parametrize('nnodes', [1, 2])
 def test_a_launch_listens_on_loopback_only(nnodes):
     outcome = {}
-    thread = threading.Thread(target=lambda: outcome.update(result=launch(
-        PROBE, nproc=2 // nnodes, nnodes=nnodes, args=['--mode', 'listen'], timeout=120,
-        echo=False)))
+    thread = threading.Thread(
+        target=lambda: outcome.update(
+            result=launch(PROBE, nproc=2 // nnodes, nnodes=nnodes, args=['--mode', 'listen'], timeout=120, echo=False)
+        )
+    )
     thread.start()
     seen = set()
     while thread.is_alive():  # the launcher (this process) hosts the store; ranks hold gloo's
@@ -451,8 +484,7 @@ def test_a_launch_listens_on_loopback_only(nnodes):
     thread.join()
     result = outcome['result']
     assert result.ok, result.text()
-    exposed = sorted((pid, address, port) for pid, address, port in seen
-                     if address not in LOOPBACK)
+    exposed = sorted((pid, address, port) for pid, address, port in seen if address not in LOOPBACK)
     assert exposed == [], f'listening beyond loopback: {exposed}'
     assert any(port == result.port and pid == os.getpid() for pid, _, port in seen)
     assert len({port for _, _, port in seen}) >= 2  # the store and gloo's pair listeners

@@ -5,6 +5,7 @@ copies them into d2lpar/lessons/nbNN_<name>.py and applies the checks that
 d2lpar/checks/nbNN_<name>.py lists. These tests fail when a notebook changed and the package
 was not regenerated, or when the generator would lose or misplace a cell.
 """
+
 import ast
 import json
 import subprocess
@@ -19,74 +20,189 @@ CHAPTERS = sorted(lib.NOTEBOOKS.glob(lib.PATTERN))
 
 def saved_names(path):
     """Return the names a notebook's `#@save` cells define, in order."""
-    return [node.name for _, source in lib.saved_cells(path)[1]
-            for node in ast.parse(source).body
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    return [
+        node.name
+        for _, source in lib.saved_cells(path)[1]
+        for node in ast.parse(source).body
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+    ]
 
 
 # What each notebook must write in its own cells (the algorithms it teaches).
 REQUIRED = {
-    '03_data_parallel': ['scatter_inputs', 'Replica', 'replicate', 'parallel_apply', 'gather',
-                         'data_parallel', 'HandDataParallel', 'save_checkpoint',
-                         'load_state_dict_flexible'],
-    '09_collectives': ['combine', 'broadcast', 'reduce', 'naive_allreduce', 'ring_reduce_scatter',
-                       'ring_all_gather', 'all_gather', 'reduce_scatter', 'ring_allreduce',
-                       'allreduce_cost', 'bandwidths', 'HookDDP', 'make_buckets', 'BucketDDP',
-                       'MiniDDP'],
-    '08_lenet_data_parallel': ['init_lenet_params', 'lenet', 'get_params', 'allreduce', 'scatter',
-                               'split_batch', 'train_batch', 'train'],
-    '10_zero': ['model_state_bytes', 'pad_to_shards', 'Zero1', 'Zero2', 'Zero3', 'RingDDP',
-                'zero_bytes_sent'],
+    '03_data_parallel': [
+        'scatter_inputs',
+        'Replica',
+        'replicate',
+        'parallel_apply',
+        'gather',
+        'data_parallel',
+        'HandDataParallel',
+        'save_checkpoint',
+        'load_state_dict_flexible',
+    ],
+    '09_collectives': [
+        'combine',
+        'broadcast',
+        'reduce',
+        'naive_allreduce',
+        'ring_reduce_scatter',
+        'ring_all_gather',
+        'all_gather',
+        'reduce_scatter',
+        'ring_allreduce',
+        'allreduce_cost',
+        'bandwidths',
+        'HookDDP',
+        'make_buckets',
+        'BucketDDP',
+        'MiniDDP',
+    ],
+    '08_lenet_data_parallel': [
+        'init_lenet_params',
+        'lenet',
+        'get_params',
+        'allreduce',
+        'scatter',
+        'split_batch',
+        'train_batch',
+        'train',
+    ],
+    '10_zero': ['model_state_bytes', 'pad_to_shards', 'Zero1', 'Zero2', 'Zero3', 'RingDDP', 'zero_bytes_sent'],
     '11_fsdp2': ['shard_blocks'],
-    '07_ddp_practice': ['accumulate_step', 'amp_step', 'counting_backend', 'train_uneven',
-                        'evaluate_distributed', 'loader_workers'],
-    '04_model_parallel': ['ModelParallel', 'pipeline_schedule', 'bubble_fraction', 'idle_fraction',
-                          'gpipe_stage', 'StageLinks', 'gpipe_step'],
-    '12_tensor_parallel': ['CopyToParallel', 'ReduceFromParallel', 'copy_to_parallel',
-                           'reduce_from_parallel', 'ColumnParallelLinear', 'RowParallelLinear',
-                           'ParallelMLP', 'attend', 'SelfAttention', 'ParallelSelfAttention',
-                           'Block', 'megatron_block', 'CopyAndLinear', 'all_gather_tokens',
-                           'reduce_scatter_tokens', 'GatherTokens', 'ScatterTokens',
-                           'sequence_parallel_block', 'sum_replicated_grads', 'saved_bytes',
-                           'count_wire_bytes', 'block_bytes'],
-    '13_pipeline_parallel': ['Busy', 'StandInDevice', 'split_backward', 'InFlight',
-                             'interleaved_bubble', 'replay', 'Stage'],
+    '07_ddp_practice': [
+        'accumulate_step',
+        'amp_step',
+        'counting_backend',
+        'train_uneven',
+        'evaluate_distributed',
+        'loader_workers',
+    ],
+    '04_model_parallel': [
+        'ModelParallel',
+        'pipeline_schedule',
+        'bubble_fraction',
+        'idle_fraction',
+        'gpipe_stage',
+        'StageLinks',
+        'gpipe_step',
+    ],
+    '12_tensor_parallel': [
+        'CopyToParallel',
+        'ReduceFromParallel',
+        'copy_to_parallel',
+        'reduce_from_parallel',
+        'ColumnParallelLinear',
+        'RowParallelLinear',
+        'ParallelMLP',
+        'attend',
+        'SelfAttention',
+        'ParallelSelfAttention',
+        'Block',
+        'megatron_block',
+        'CopyAndLinear',
+        'all_gather_tokens',
+        'reduce_scatter_tokens',
+        'GatherTokens',
+        'ScatterTokens',
+        'sequence_parallel_block',
+        'sum_replicated_grads',
+        'saved_bytes',
+        'count_wire_bytes',
+        'block_bytes',
+    ],
+    '13_pipeline_parallel': [
+        'Busy',
+        'StandInDevice',
+        'split_backward',
+        'InFlight',
+        'interleaved_bubble',
+        'replay',
+        'Stage',
+    ],
     '05_ddp': ['init_process', 'make_loader', 'train_epoch', 'train_ddp'],
     '06_ddp_launching': ['load_snapshot'],
-    '14_context_expert': ['pairwise_all_to_all', 'all_to_all_cost', 'route', 'expert_capacity',
-                          'load_balancing_loss', 'MoE', 'AllToAll', 'ExpertParallelMoE',
-                          'attend_block', 'merge_attention', 'sequence_chunks', 'shard_sequence',
-                          'chunk_mask', 'pass_on', 'visible_pairs', 'ring_forward',
-                          'ring_backward', 'RingAttention', 'ring_attention', 'ring_attention_bytes'],
-    '15_fault_tolerance': ['set_timeout', 'behind', 'young_interval', 'expected_waste',
-                           'simulate_run', 'make_net', 'global_batch', 'shard', 'full_loss',
-                           'local_grads', 'replay_quorums', 'slow_all_reduce', 'outer_step'],
-    '17_capstone': ['CausalAttention', 'GPTBlock', 'TinyGPT', 'lm_loss', 'counting_task', 'layout_mesh',
-                    'coordinates', 'pipeline_stage', 'tensor_plan', 'parallelize', 'average_gradients',
-                    'train_step', 'full_parameters', 'StepCost', 'layout_cost'],
+    '14_context_expert': [
+        'pairwise_all_to_all',
+        'all_to_all_cost',
+        'route',
+        'expert_capacity',
+        'load_balancing_loss',
+        'MoE',
+        'AllToAll',
+        'ExpertParallelMoE',
+        'attend_block',
+        'merge_attention',
+        'sequence_chunks',
+        'shard_sequence',
+        'chunk_mask',
+        'pass_on',
+        'visible_pairs',
+        'ring_forward',
+        'ring_backward',
+        'RingAttention',
+        'ring_attention',
+        'ring_attention_bytes',
+    ],
+    '15_fault_tolerance': [
+        'set_timeout',
+        'behind',
+        'young_interval',
+        'expected_waste',
+        'simulate_run',
+        'make_net',
+        'global_batch',
+        'shard',
+        'full_loss',
+        'local_grads',
+        'replay_quorums',
+        'slow_all_reduce',
+        'outer_step',
+    ],
+    '17_capstone': [
+        'CausalAttention',
+        'GPTBlock',
+        'TinyGPT',
+        'lm_loss',
+        'counting_task',
+        'layout_mesh',
+        'coordinates',
+        'pipeline_stage',
+        'tensor_plan',
+        'parallelize',
+        'average_gradients',
+        'train_step',
+        'full_parameters',
+        'StepCost',
+        'layout_cost',
+    ],
 }
 
 
 def notebook(tmp_path, *sources, name='99_probe.ipynb'):
     """Write a notebook whose code cells are `sources`; return its path."""
-    cells = [{'cell_type': 'code', 'id': f'c{i}', 'metadata': {}, 'execution_count': None,
-              'outputs': [], 'source': source} for i, source in enumerate(sources)]
+    cells = [
+        {'cell_type': 'code', 'id': f'c{i}', 'metadata': {}, 'execution_count': None, 'outputs': [], 'source': source}
+        for i, source in enumerate(sources)
+    ]
     path = tmp_path / name
-    path.write_text(json.dumps({'cells': cells, 'metadata': {}, 'nbformat': 4,
-                                'nbformat_minor': 5}))
+    path.write_text(json.dumps({'cells': cells, 'metadata': {}, 'nbformat': 4, 'nbformat_minor': 5}))
     return path
 
 
 def test_the_lessons_are_generated_from_the_notebooks():
     stale = lib.stale()
-    assert not stale, (f'{[str(p.relative_to(lib.ROOT)) for p in stale]} differ from the notebooks: '
-                       'run `make lib` (never edit d2lpar/lessons by hand)')
+    assert not stale, (
+        f'{[str(p.relative_to(lib.ROOT)) for p in stale]} differ from the notebooks: '
+        'run `make lib` (never edit d2lpar/lessons by hand)'
+    )
 
 
 def test_make_lib_check_runs_without_importing_the_package():
     """`make lib` must work even when a lesson module is broken, so it never imports d2lpar."""
-    done = subprocess.run([sys.executable, str(lib.ROOT / 'd2lpar/tools/lib.py'), '--check'],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, str(lib.ROOT / 'd2lpar/tools/lib.py'), '--check'], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -109,6 +225,7 @@ def test_every_saved_name_is_reachable_from_the_package():
     import importlib
 
     import d2lpar
+
     for path in CHAPTERS:
         names = saved_names(path)
         if names:

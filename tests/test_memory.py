@@ -1,4 +1,5 @@
 """StepMemory: the bytes of live tensor storages over a block, checked by hand counts."""
+
 import torch
 from torch import nn
 

@@ -1,4 +1,5 @@
 """The hand-written MiniDDP, checked against DistributedDataParallel and single-process SGD."""
+
 import copy
 import math
 
@@ -17,8 +18,7 @@ STEPS, BATCH = 4, 8
 
 def make_net(seed):
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
-                         nn.Linear(32, 3))
+    return nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 3))
 
 
 def batch(rank, step):
@@ -46,8 +46,10 @@ def _check_against_ddp(rank, n):
     single = train(make_net(seed=0), STEPS, whole)
     num_params = len(list(net.parameters()))
     variants = [(HookDDP, {}, None)] + [
-        (cls, {'bucket_cap_mb': cap}, sizes) for cls in (BucketDDP, MiniDDP)
-        for cap, sizes in [(1e-6, [1] * num_params), (0.005, None), (math.inf, [num_params])]]
+        (cls, {'bucket_cap_mb': cap}, sizes)
+        for cls in (BucketDDP, MiniDDP)
+        for cap, sizes in [(1e-6, [1] * num_params), (0.005, None), (math.inf, [num_params])]
+    ]
     for cls, kwargs, sizes in variants:
         wrapped = cls(copy.deepcopy(net), **kwargs)
         buckets = [len(b) for b in getattr(wrapped, 'buckets', [[p] for p in net.parameters()])]

@@ -1,4 +1,5 @@
 """The functional LeNet against the same network built from torch.nn layers."""
+
 import pytest
 import torch
 from torch import nn
@@ -7,9 +8,18 @@ import d2lpar
 
 
 def reference_lenet(params):
-    net = nn.Sequential(nn.Conv2d(1, 20, 3), nn.ReLU(), nn.AvgPool2d(2, 2),
-                        nn.Conv2d(20, 50, 5), nn.ReLU(), nn.AvgPool2d(2, 2), nn.Flatten(),
-                        nn.Linear(800, 128), nn.ReLU(), nn.Linear(128, 10))
+    net = nn.Sequential(
+        nn.Conv2d(1, 20, 3),
+        nn.ReLU(),
+        nn.AvgPool2d(2, 2),
+        nn.Conv2d(20, 50, 5),
+        nn.ReLU(),
+        nn.AvgPool2d(2, 2),
+        nn.Flatten(),
+        nn.Linear(800, 128),
+        nn.ReLU(),
+        nn.Linear(128, 10),
+    )
     with torch.no_grad():
         for layer, (W, b) in zip([net[0], net[3], net[7], net[9]], zip(params[::2], params[1::2])):
             layer.weight.copy_(W.T if W.dim() == 2 else W)
@@ -65,21 +75,31 @@ def test_accuracy_of_scores_and_of_class_indices():
 
 def test_init_shapes_are_the_ones_the_checks_expect():
     from d2lpar.models import LENET_SHAPES
+
     assert tuple(tuple(p.shape) for p in d2lpar.init_lenet_params()) == LENET_SHAPES
 
 
 def test_lenet_says_what_input_it_expects():
     params = d2lpar.init_lenet_params(seed=0)
-    with pytest.raises(ValueError, match=r'lenet expects X of shape N x 1 x 28 x 28 .*got '
-                                         r'\(2, 1, 32, 32\); load Fashion-MNIST at its own size'):
+    with pytest.raises(
+        ValueError,
+        match=r'lenet expects X of shape N x 1 x 28 x 28 .*got '
+        r'\(2, 1, 32, 32\); load Fashion-MNIST at its own size',
+    ):
         d2lpar.lenet(torch.randn(2, 1, 32, 32), params)
     with pytest.raises(ValueError, match=r'got \(2, 28, 28\); add the channel dimension'):
         d2lpar.lenet(torch.randn(2, 28, 28), params)
-    with pytest.raises(ValueError, match=r'lenet: X is torch.float64 on cpu but the parameters '
-                                         r'are torch.float32 on cpu'):
+    with pytest.raises(
+        ValueError,
+        match=r'lenet: X is torch.float64 on cpu but the parameters '
+        r'are torch.float32 on cpu',
+    ):
         d2lpar.lenet(torch.randn(2, 1, 28, 28, dtype=torch.float64), params)
-    with pytest.raises(ValueError, match=r'lenet: params\[2\] must be a tensor of shape '
-                                         r'\(50, 20, 5, 5\), got \(50, 20, 3, 3\)'):
+    with pytest.raises(
+        ValueError,
+        match=r'lenet: params\[2\] must be a tensor of shape '
+        r'\(50, 20, 5, 5\), got \(50, 20, 3, 3\)',
+    ):
         d2lpar.lenet(torch.randn(2, 1, 28, 28), params[:2] + [torch.randn(50, 20, 3, 3)] + params[3:])
     with pytest.raises(TypeError, match='lenet: X must be a tensor'):
         d2lpar.lenet([[0.0]], params)
@@ -95,8 +115,11 @@ def test_init_bad_arguments():
 def test_evaluate_on_a_gpu_that_does_not_exist():
     gpu = torch.device(f'cuda:{d2lpar.num_gpus()}')
     loader = d2lpar.TensorLoader(torch.eye(4), torch.arange(4), 2)
-    with pytest.raises(ValueError, match=rf'evaluate_accuracy_gpu: device {gpu} does not exist.*'
-                                         r'nvidia-smi'):
+    with pytest.raises(
+        ValueError,
+        match=rf'evaluate_accuracy_gpu: device {gpu} does not exist.*'
+        r'nvidia-smi',
+    ):
         d2lpar.evaluate_accuracy_gpu(lambda X: X, loader, gpu)
     with pytest.raises(TypeError, match='net must be a model or a function'):
         d2lpar.evaluate_accuracy_gpu(None, loader)

@@ -1,4 +1,5 @@
 """The mutation runner's verdicts, on a tiny fake course: caught, survived, broken, caught elsewhere."""
+
 import json
 import textwrap
 from pathlib import Path
@@ -26,14 +27,28 @@ def course(tmp_path_factory):
     (root / 'pyproject.toml').write_text((ROOT / 'pyproject.toml').read_text())
     (root / 'conftest.py').write_text('')
     (root / 'notebooks').mkdir()
-    nb = {'cells': [{'cell_type': 'markdown', 'metadata': {}, 'source': ['# Fake']}] + [
-        {'cell_type': 'code', 'execution_count': None, 'id': f'c{i}', 'metadata': {},
-         'outputs': [], 'source': src.splitlines(keepends=True)} for i, src in enumerate(CELLS)],
-        'metadata': {}, 'nbformat': 4, 'nbformat_minor': 5}
+    nb = {
+        'cells': [{'cell_type': 'markdown', 'metadata': {}, 'source': ['# Fake']}]
+        + [
+            {
+                'cell_type': 'code',
+                'execution_count': None,
+                'id': f'c{i}',
+                'metadata': {},
+                'outputs': [],
+                'source': src.splitlines(keepends=True),
+            }
+            for i, src in enumerate(CELLS)
+        ],
+        'metadata': {},
+        'nbformat': 4,
+        'nbformat_minor': 5,
+    }
     (root / 'notebooks' / '00_fake.ipynb').write_text(json.dumps(nb, indent=1))
     (root / 'fake_mod.py').write_text('def half(v):\n    return v / 2\n')
     (root / 'tests').mkdir()
-    (root / 'tests' / 'test_fake.py').write_text(textwrap.dedent('''
+    (root / 'tests' / 'test_fake.py').write_text(
+        textwrap.dedent('''
         from fake_mod import half
 
         def test_unrelated():
@@ -41,13 +56,15 @@ def course(tmp_path_factory):
 
         def test_half():
             assert half(4) == 2
-    '''))
+    ''')
+    )
     return root
 
 
 def mutant(old, new, catch, run=None, target='notebooks/00_fake.ipynb'):
-    return Mutant(name='m', notebook='00_fake', claim='double doubles', target=target,
-                  old=old, new=new, catch=catch, run=run)
+    return Mutant(
+        name='m', notebook='00_fake', claim='double doubles', target=target, old=old, new=new, catch=catch, run=run
+    )
 
 
 def verdict(course, m, **kw):
@@ -71,10 +88,15 @@ def test_a_failure_in_another_cell_is_not_a_catch(course):
     assert row.check.startswith('[1] (not [3])') and 'ZeroDivisionError' in row.check
 
 
-@pytest.mark.parametrize('old, catch', [('not in the notebook', 'double(3)'),  # stale
-                                        ('v', 'double(3)'),                      # ambiguous
-                                        ('2 * v', 'assert'),                     # catch in 3 cells
-                                        ('2 * v', 'no such check')])
+@pytest.mark.parametrize(
+    'old, catch',
+    [
+        ('not in the notebook', 'double(3)'),  # stale
+        ('v', 'double(3)'),  # ambiguous
+        ('2 * v', 'assert'),  # catch in 3 cells
+        ('2 * v', 'no such check'),
+    ],
+)
 def test_a_mutant_that_does_not_apply_is_broken(course, old, catch):
     assert verdict(course, mutant(old, old + ' ', catch)).verdict == 'BROKEN'
 
@@ -86,12 +108,10 @@ def test_the_copy_is_changed_never_the_repository(course):
 
 
 def test_a_mutant_of_a_module_is_caught_by_the_named_test(course):
-    m = mutant('v / 2', 'v // 3', 'tests/test_fake.py::test_half', run='tests/test_fake.py',
-               target='fake_mod.py')
+    m = mutant('v / 2', 'v // 3', 'tests/test_fake.py::test_half', run='tests/test_fake.py', target='fake_mod.py')
     row = verdict(course, m)
     assert row.verdict == 'CAUGHT' and 'assert half(4) == 2' in row.check, row.check
-    other = mutant('v / 2', 'v // 3', 'test_unrelated', run='tests/test_fake.py',
-                   target='fake_mod.py')
+    other = mutant('v / 2', 'v // 3', 'test_unrelated', run='tests/test_fake.py', target='fake_mod.py')
     assert verdict(course, other).verdict == 'CAUGHT-ELSEWHERE'
 
 
@@ -118,16 +138,23 @@ def test_every_registered_mutant_still_applies(capsys):
 def test_a_duplicate_name_is_refused(tmp_path):
     (tmp_path / 'nb00.py').write_text(
         'from verify.mutants.registry import Mutant\n'
-        "MUTANTS = [Mutant('a', 'n', 'c', 't', 'o', 'n2', 'x')] * 2\n")
+        "MUTANTS = [Mutant('a', 'n', 'c', 't', 'o', 'n2', 'x')] * 2\n"
+    )
     with pytest.raises(ValueError, match="'a'"):
         registry.load(tmp_path)
 
 
 def test_exercise_rows_name_the_checker_and_its_notebook():
     chapters = run.exercise_chapters(ROOT)
-    assert run.checker_of('test_wrong_answer_fails_with_its_hint', 'check_sampler-Padded-padding',
-                          chapters) == ('check_sampler', '05_ddp')
-    assert run.checker_of('test_merge_wrong_answers_get_their_hint', 'merge_no_rescale-x',
-                          chapters) == ('check_online_softmax_merge', '14_context_expert')
-    assert run.checker_of('test_zero2_hook_wrong_answers_get_their_hint', 'no-division',
-                          chapters) == ('check_zero2_hook', '10_zero')
+    assert run.checker_of('test_wrong_answer_fails_with_its_hint', 'check_sampler-Padded-padding', chapters) == (
+        'check_sampler',
+        '05_ddp',
+    )
+    assert run.checker_of('test_merge_wrong_answers_get_their_hint', 'merge_no_rescale-x', chapters) == (
+        'check_online_softmax_merge',
+        '14_context_expert',
+    )
+    assert run.checker_of('test_zero2_hook_wrong_answers_get_their_hint', 'no-division', chapters) == (
+        'check_zero2_hook',
+        '10_zero',
+    )

@@ -1,4 +1,5 @@
 """The parallel primitives, checked against plain PyTorch references."""
+
 import pytest
 import torch
 
@@ -49,11 +50,14 @@ def test_scatter_refuses_to_leave_a_device_idle():
         d2lpar.scatter(torch.ones(5, 1), [CPU] * 4)
 
 
-@pytest.mark.parametrize('devices,error,match', [
-    ([], ValueError, 'empty'),
-    ('cpu', TypeError, 'list of devices'),
-    (['not-a-device'], TypeError, r"devices\[0\] must be a device such as 'cpu'"),
-])
+@pytest.mark.parametrize(
+    'devices,error,match',
+    [
+        ([], ValueError, 'empty'),
+        ('cpu', TypeError, 'list of devices'),
+        (['not-a-device'], TypeError, r"devices\[0\] must be a device such as 'cpu'"),
+    ],
+)
 def test_scatter_bad_devices(devices, error, match):
     with pytest.raises(error, match=match):
         d2lpar.scatter(torch.ones(4, 1), devices)
@@ -140,11 +144,17 @@ def test_a_gpu_that_does_not_exist_is_named_with_what_exists():
     count = d2lpar.num_gpus()
     have = 'no GPU' if count == 0 else f'{count} GPU(s)'
     params = [torch.ones(2)]
-    with pytest.raises(ValueError, match=rf'get_params: device {gpu} does not exist: this '
-                                         rf'machine has {have}.*d2lpar.num_gpus\(\).*nvidia-smi'):
+    with pytest.raises(
+        ValueError,
+        match=rf'get_params: device {gpu} does not exist: this '
+        rf'machine has {have}.*d2lpar.num_gpus\(\).*nvidia-smi',
+    ):
         d2lpar.get_params(params, gpu)
-    with pytest.raises(ValueError, match=rf'scatter: devices\[1\] {gpu} does not exist: '
-                                         rf'this machine has {have}'):
+    with pytest.raises(
+        ValueError,
+        match=rf'scatter: devices\[1\] {gpu} does not exist: '
+        rf'this machine has {have}',
+    ):
         d2lpar.scatter(torch.ones(4, 1), [CPU, gpu])
     with pytest.raises(ValueError, match=rf'scatter: devices\[0\] {gpu} does not exist'):
         d2lpar.split_batch(torch.ones(4, 1), torch.ones(4), [str(gpu)])

@@ -1,4 +1,5 @@
 """Model splitting and GPipe pipelining, checked against the unsplit network."""
+
 import math
 
 import pytest
@@ -60,8 +61,9 @@ def test_model_parallel_bad_input():
         d2lpar.ModelParallel(three, [CPU, CPU], balance=[True, 2])
 
 
-@pytest.mark.parametrize('p,chunks,n', [(1, 1, 12), (2, 1, 12), (2, 4, 12), (3, 3, 12),
-                                        (3, 12, 12), (2, 4, 10)])  # 10 rows: 3+3+3+1
+@pytest.mark.parametrize(
+    'p,chunks,n', [(1, 1, 12), (2, 1, 12), (2, 4, 12), (3, 3, 12), (3, 12, 12), (2, 4, 10)]
+)  # 10 rows: 3+3+3+1
 def test_gpipe_gradients_equal_full_batch(p, chunks, n):
     net = mlp()
     X, y = data(n)
@@ -69,8 +71,7 @@ def test_gpipe_gradients_equal_full_batch(p, chunks, n):
     model = d2lpar.ModelParallel(net, [CPU] * p)
     got, events = d2lpar.gpipe_step(model, X, y, nn.CrossEntropyLoss(), chunks)
     assert math.isclose(got, loss, rel_tol=1e-12)
-    torch.testing.assert_close([q.grad for q in model.parameters()], expected,
-                               rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close([q.grad for q in model.parameters()], expected, rtol=1e-12, atol=1e-14)
     assert d2lpar.schedule_problems(events, p, chunks) == []
 
 
@@ -102,8 +103,7 @@ def test_bubble_fraction_matches_a_simulated_schedule(t_forward, t_backward):
             assert d2lpar.schedule_problems(events, p, m) == []
             makespan = max(e[4] for e in events)
             assert makespan == (m + p - 1) * (t_forward + t_backward)
-            assert math.isclose(d2lpar.idle_fraction(events, p), d2lpar.bubble_fraction(p, m),
-                                abs_tol=1e-12)
+            assert math.isclose(d2lpar.idle_fraction(events, p), d2lpar.bubble_fraction(p, m), abs_tol=1e-12)
     assert d2lpar.bubble_fraction(4, 1) == 3 / 4  # naive model parallelism: one stage busy
     assert d2lpar.bubble_fraction(1, 7) == 0
 
@@ -138,16 +138,14 @@ def test_schedule_helpers_refuse_empty_or_meaningless_input():
 
 
 def test_memory_footprint_by_hand():
-    net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
-                        nn.Linear(32, 4))
+    net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
     X = torch.randn(10, 16)
     mem = d2lpar.memory_footprint(net, X, optimizer_states=2)
     params = (16 * 32 + 32 + 32 * 32 + 32 + 32 * 4 + 4) * 4
     # Saved for backward: the input X, and each ReLU's output (which the next
     # Linear saves too: it is one storage, counted once).
     activations = (10 * 16 + 10 * 32 + 10 * 32) * 4
-    assert mem == {'parameters': params, 'gradients': params, 'optimizer': 2 * params,
-                   'activations': activations}
+    assert mem == {'parameters': params, 'gradients': params, 'optimizer': 2 * params, 'activations': activations}
     assert d2lpar.memory_footprint(net, torch.randn(20, 16))['activations'] == 2 * activations
     with pytest.raises(ValueError, match='optimizer_states'):
         d2lpar.memory_footprint(net, X, optimizer_states=-1)
@@ -182,8 +180,7 @@ def test_schedule_problems_reports_stages_and_times_that_cannot_be():
     found = d2lpar.schedule_problems(events, 1, 2)
     assert 'F0 runs on stage 1, outside the 1 stages and 2 micro-batches of this schedule' in found
     backwards = [(0, 0, 'F', 3, 1) if e[:3] == (0, 0, 'F') else e for e in events]
-    assert 'F0 on stage 0 ends at 1, before it starts at 3' in d2lpar.schedule_problems(
-        backwards, 2, 2)
+    assert 'F0 on stage 0 ends at 1, before it starts at 3' in d2lpar.schedule_problems(backwards, 2, 2)
 
 
 def test_gpipe_step_refuses_a_loss_that_is_not_a_function():
@@ -195,6 +192,7 @@ def test_gpipe_step_refuses_a_loss_that_is_not_a_function():
 
 def test_a_failing_middle_stage_stops_every_stage():
     import threading
+
     model = d2lpar.ModelParallel(mlp(), [CPU] * 3)
     X, y = data()
     before = threading.active_count()
@@ -203,8 +201,7 @@ def test_a_failing_middle_stage_stops_every_stage():
     model.stages[1][0] = nn.Linear(5, 8).double()
     # The course's message names the stage and the error's type; torch's own wording of
     # the shape error is its own business (2.15 reworded it) and is not checked.
-    with pytest.raises(RuntimeError, match=r'gpipe_step: stage 1 on cpu failed: RuntimeError: '
-                       ) as info:
+    with pytest.raises(RuntimeError, match=r'gpipe_step: stage 1 on cpu failed: RuntimeError: ') as info:
         d2lpar.gpipe_step(model, X, y, nn.CrossEntropyLoss(), 4)
     assert isinstance(info.value.__cause__, RuntimeError)
     assert threading.active_count() == before
@@ -218,16 +215,17 @@ def test_model_parallel_accepts_device_names():
 
 # What notebook 4 says about DDP and a split model (shown there, not run, as notebook 5's subject).
 
+
 def _split_model_under_ddp(rank, world_size):
     from torch.nn.parallel import DistributedDataParallel as DDP
+
     net = mlp()
     X, y = data(12)
     _, expected = full_batch(net, X, y)
     model = DDP(d2lpar.ModelParallel(net, [CPU, CPU]))  # no device_ids
     Xr, yr = X.chunk(world_size)[rank], y.chunk(world_size)[rank]
     nn.functional.cross_entropy(model(Xr), yr).backward()  # DDP averages over the ranks
-    torch.testing.assert_close([p.grad for p in model.parameters()], expected,
-                               rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close([p.grad for p in model.parameters()], expected, rtol=1e-12, atol=1e-14)
     with pytest.raises(ValueError, match='device_ids'):  # a CPU module takes no device_ids
         DDP(d2lpar.ModelParallel(net, [CPU, CPU]), device_ids=[0])
 
@@ -238,6 +236,7 @@ def test_ddp_wraps_a_split_model_without_device_ids():
 
 def _two_gpu_split_refuses_device_ids(rank, world_size):
     from torch.nn.parallel import DistributedDataParallel as DDP
+
     devices = [torch.device('cuda:0'), torch.device('cuda:1')]
     with pytest.raises(ValueError):  # torch refuses device_ids for a multi-device module
         DDP(d2lpar.ModelParallel(mlp(), devices), device_ids=[0])
@@ -274,6 +273,7 @@ def _gpipe_step_before_the_split(model, X, y, loss, chunks):
     import queue
     import threading
     import time
+
     p, Xs, ys = len(model.stages), X.chunk(chunks), y.chunk(chunks)
     inbox = [queue.Queue() for _ in range(p)]
     gradbox = [queue.Queue() for _ in range(p)]
@@ -325,8 +325,7 @@ def _gpipe_step_before_the_split(model, X, y, loss, chunks):
     return sum(losses), sorted(events, key=lambda e: e[3])
 
 
-@pytest.mark.parametrize('p,chunks,n', [(1, 1, 12), (2, 4, 12), (3, 3, 12), (3, 12, 12),
-                                        (2, 4, 10)])
+@pytest.mark.parametrize('p,chunks,n', [(1, 1, 12), (2, 4, 12), (3, 3, 12), (3, 12, 12), (2, 4, 10)])
 def test_gpipe_step_computes_exactly_what_it_did_before_the_split(p, chunks, n):
     """The schedule moved into gpipe_stage and the threading into StageLinks: same numbers."""
     torch.manual_seed(0)
@@ -336,10 +335,8 @@ def test_gpipe_step_computes_exactly_what_it_did_before_the_split(p, chunks, n):
     for step in (_gpipe_step_before_the_split, d2lpar.gpipe_step):
         model = d2lpar.ModelParallel(net, [CPU] * p)
         got, events = step(model, X, y, nn.CrossEntropyLoss(), chunks)
-        results.append((got, [q.grad for q in model.parameters()],
-                        sorted((e[0], e[1], e[2]) for e in events)))
+        results.append((got, [q.grad for q in model.parameters()], sorted((e[0], e[1], e[2]) for e in events)))
     (loss_before, grads_before, tasks_before), (loss_now, grads_now, tasks_now) = results
     assert loss_now == loss_before  # bit for bit: the same operations in the same order
     torch.testing.assert_close(grads_now, grads_before, rtol=0, atol=0)
     assert tasks_now == tasks_before
-

@@ -1,4 +1,5 @@
 """d2lpar.pipelining (notebook 13): replaying a schedule's order gives its formula's bubble."""
+
 import pytest
 
 from d2lpar.pipelining import interleaved_bubble, replay
@@ -52,14 +53,17 @@ def test_interleaved_bubble_shrinks_with_v():
     assert abs(interleaved_bubble(4, 8, 2) - 3 / 19) < 1e-12
 
 
-@pytest.mark.parametrize('call, match', [
-    (lambda: replay([]), 'replay: no events'),
-    (lambda: replay([(0, 0, 0, 'X', 0, 1)]), "replay: each event"),
-    (lambda: replay([(0, 0, 'F', 0, 1)]), "replay: each event"),
-    (lambda: replay([(0, 0, 0, 'F', 0, 1)], v=0), 'replay: v'),
-    (lambda: interleaved_bubble(0, 4), 'interleaved_bubble: p'),
-    (lambda: interleaved_bubble(2, 4, v=1.5), 'interleaved_bubble: v'),
-])
+@pytest.mark.parametrize(
+    'call, match',
+    [
+        (lambda: replay([]), 'replay: no events'),
+        (lambda: replay([(0, 0, 0, 'X', 0, 1)]), "replay: each event"),
+        (lambda: replay([(0, 0, 'F', 0, 1)]), "replay: each event"),
+        (lambda: replay([(0, 0, 0, 'F', 0, 1)], v=0), 'replay: v'),
+        (lambda: interleaved_bubble(0, 4), 'interleaved_bubble: p'),
+        (lambda: interleaved_bubble(2, 4, v=1.5), 'interleaved_bubble: v'),
+    ],
+)
 def test_bad_input_is_named(call, match):
     with pytest.raises(ValueError, match=match):
         call()

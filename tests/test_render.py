@@ -3,6 +3,7 @@
 The browser test drives headless Chromium; it skips when Chromium is absent,
 unless D2LPAR_REQUIRE_BROWSER=1 (CI) makes that a failure.
 """
+
 import html
 import json
 import re
@@ -33,15 +34,19 @@ DATA_CELLS = [
     'import d2lpar\nd2lpar.show_setup(data=True)',
     'train_iter, test_iter = d2lpar.load_data_fashion_mnist(256)\nprint(len(train_iter))',
 ]
-FAILING_CELLS = ['# A page that fails', 'import d2lpar\nd2lpar.show_setup()',
-                 'assert 1 == 2, "a claim that stopped being true"', 'print("never", "runs")']
+FAILING_CELLS = [
+    '# A page that fails',
+    'import d2lpar\nd2lpar.show_setup()',
+    'assert 1 == 2, "a claim that stopped being true"',
+    'print("never", "runs")',
+]
 PLOTS = {'01_plots': 2, '02_data': 0, '03_fails': 0}
 
 
 def write_notebook(path, cells):
-    nb = nbformat.v4.new_notebook(cells=[
-        nbformat.v4.new_markdown_cell(c) if c.startswith('#') else nbformat.v4.new_code_cell(c)
-        for c in cells])
+    nb = nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_markdown_cell(c) if c.startswith('#') else nbformat.v4.new_code_cell(c) for c in cells]
+    )
     nbformat.write(nb, path)
 
 
@@ -62,8 +67,7 @@ def site(tmp_path_factory):
 
 def test_index_lists_the_notebooks_in_order_with_tiers(site):
     notebooks, out, results, lines = site
-    assert [r.source.name for r in results] == ['01_plots.ipynb', '02_data.ipynb',
-                                                '03_fails.ipynb']
+    assert [r.source.name for r in results] == ['01_plots.ipynb', '02_data.ipynb', '03_fails.ipynb']
     index = (out / 'index.html').read_text()
     links = re.findall(r'<a href="([^"]+)">', index)
     assert links == ['01_plots.html', '02_data.html', '03_fails.html']
@@ -78,6 +82,7 @@ def test_index_lists_the_notebooks_in_order_with_tiers(site):
 def test_each_page_says_what_it_ran_on(site):
     notebooks, out, results, _ = site
     import torch
+
     for r in results:
         page = (out / r.page).read_text()
         banner = re.search(r'<div class="d2lpar-banner[^"]*">(.*?)</div>', page, re.S).group(1)
@@ -127,8 +132,10 @@ def test_an_unchanged_notebook_is_not_run_again(tmp_path):
     """The cache skips a run while the code is unchanged, and runs it again after a code edit."""
     notebooks, out, lines = tmp_path / 'nb', tmp_path / 'out', []
     notebooks.mkdir()
-    counts = 'import pathlib\nruns = pathlib.Path("runs.txt")\nruns.write_text(runs.read_text() + "x" ' \
-             'if runs.exists() else "x")\nprint("run number", len(runs.read_text()))'
+    counts = (
+        'import pathlib\nruns = pathlib.Path("runs.txt")\nruns.write_text(runs.read_text() + "x" '
+        'if runs.exists() else "x")\nprint("run number", len(runs.read_text()))'
+    )
     write_notebook(notebooks / '01_count.ipynb', ['# Counting runs', counts])
     runs = notebooks / 'runs.txt'
 
@@ -172,20 +179,31 @@ def test_solutions_come_last_and_only_when_asked(tmp_path):
     write_notebook(tmp_path / 'solutions' / '01_a_solutions.ipynb', ['# A solved'])
     assert [p.name for p in render.find_notebooks(tmp_path)] == ['01_a.ipynb', '02_b.ipynb']
     assert [p.name for p in render.find_notebooks(tmp_path, solutions=True)] == [
-        '01_a.ipynb', '02_b.ipynb', '01_a_solutions.ipynb']
+        '01_a.ipynb',
+        '02_b.ipynb',
+        '01_a_solutions.ipynb',
+    ]
 
 
 def test_the_command_is_wired_into_python_m_d2lpar():
-    out = subprocess.run([sys.executable, '-m', 'd2lpar', 'html', '--help'],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, '-m', 'd2lpar', 'html', '--help'], capture_output=True, text=True, check=True
+    ).stdout
     assert '--small' in out and '--out' in out and '--solutions' in out
 
 
 # ------------------------------------------------------------- real browser
 
-CHROMIUM_FLAGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic',
-                  '--no-first-run', '--disable-background-networking',
-                  '--disable-component-update', '--disable-sync']
+CHROMIUM_FLAGS = [
+    '--headless',
+    '--no-sandbox',
+    '--disable-gpu',
+    '--disable-quic',
+    '--no-first-run',
+    '--disable-background-networking',
+    '--disable-component-update',
+    '--disable-sync',
+]
 
 # Appended to a copy of a page: after load, write what the browser sees into the DOM.
 PROBE = '''<script>
@@ -211,8 +229,10 @@ def find_chromium():
     for name in ('chromium', 'chromium-browser', 'google-chrome'):
         if shutil.which(name):
             return shutil.which(name)
-    reason = ('headless Chromium is not installed (Debian: apt-get install -y chromium), so '
-              'the rendered pages cannot be checked in a browser')
+    reason = (
+        'headless Chromium is not installed (Debian: apt-get install -y chromium), so '
+        'the rendered pages cannot be checked in a browser'
+    )
     if d2lpar.env_flag('D2LPAR_REQUIRE_BROWSER'):
         pytest.fail(reason + '; D2LPAR_REQUIRE_BROWSER=1 requires it')
     pytest.skip(reason)
@@ -220,8 +240,9 @@ def find_chromium():
 
 def chromium(binary, *args):
     with tempfile.TemporaryDirectory(prefix='d2lpar-chromium-') as profile:
-        return subprocess.run([binary, *CHROMIUM_FLAGS, f'--user-data-dir={profile}', *args],
-                              capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [binary, *CHROMIUM_FLAGS, f'--user-data-dir={profile}', *args], capture_output=True, text=True, timeout=120
+        )
 
 
 def seen_in_browser(binary, page):
@@ -252,9 +273,9 @@ def test_browser_shows_index_pages_and_plots(site, tmp_path):
         assert all(done and w > 0 and h > 0 for done, w, h in page['images']), page['images']
     # A screenshot of the page with plots is not blank: it has ink, and colour from the lines.
     shot = tmp_path / 'plots.png'
-    chromium(binary, '--window-size=1000,1400', f'--screenshot={shot}',
-             (out / '01_plots.html').as_uri())
+    chromium(binary, '--window-size=1000,1400', f'--screenshot={shot}', (out / '01_plots.html').as_uri())
     import matplotlib.image
+
     pixels = matplotlib.image.imread(shot)[..., :3]
     assert pixels.shape[:2] == (1400, 1000)
     dark = (pixels.mean(axis=2) < 0.5).mean()

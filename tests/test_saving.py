@@ -1,4 +1,5 @@
 """save_cells: a notebook's #@save cells become a module that a fresh process imports."""
+
 import shutil
 import subprocess
 import sys
@@ -68,8 +69,10 @@ def test_an_edit_to_a_saved_cell_takes_effect_in_the_next_import(shell, tmp_path
 def test_a_kernel_that_keeps_no_history_saves_the_cells_it_runs(shell, tmp_path):
     # Notebook runners such as nbval execute every cell with store_history=False: `In` stays
     # empty, so the cells must be recorded as they run, magics included.
-    shell.run_cell('%xmode Plain\nimport torch\nimport d2lpar\n'
-                   f'd2lpar.save_cells({str(tmp_path / "steps.py")!r})', store_history=False)
+    shell.run_cell(
+        f'%xmode Plain\nimport torch\nimport d2lpar\nd2lpar.save_cells({str(tmp_path / "steps.py")!r})',
+        store_history=False,
+    )
     for cell in CELLS[1:]:
         shell.run_cell(cell, store_history=False)
     assert call_in_fresh_process(tmp_path, 'steps.double(3)') == '6'
@@ -77,8 +80,9 @@ def test_a_kernel_that_keeps_no_history_saves_the_cells_it_runs(shell, tmp_path)
     assert len(shell.user_ns['In']) <= 1  # nothing in the history, yet every cell was saved
     shell.run_cell(CELLS[1].replace('2 * x', '5 * x'), store_history=False)
     assert call_in_fresh_process(tmp_path, 'steps.double(3)') == '15'
-    shell.run_cell(CELLS[1].replace('2 * x', '4 * x') + '\nraise ValueError("typo")',
-                   store_history=False)  # a failing edit leaves the module as it was
+    shell.run_cell(
+        CELLS[1].replace('2 * x', '4 * x') + '\nraise ValueError("typo")', store_history=False
+    )  # a failing edit leaves the module as it was
     assert call_in_fresh_process(tmp_path, 'steps.double(3)') == '15'
 
 
@@ -98,8 +102,7 @@ def test_bad_input_says_what_to_do(shell, tmp_path, monkeypatch):
     assert not list(tmp_path.iterdir())  # nothing written on a refusal
 
 
-def test_a_removed_folder_stops_the_saving_with_a_message_not_a_traceback(shell, tmp_path,
-                                                                          capsys):
+def test_a_removed_folder_stops_the_saving_with_a_message_not_a_traceback(shell, tmp_path, capsys):
     folder = tmp_path / 'work'
     folder.mkdir()
     run(shell, *CELLS)

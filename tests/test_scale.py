@@ -1,4 +1,5 @@
 """d2lpar.scale: the predictor against fake runs, and the MFU check."""
+
 import pytest
 
 from d2lpar import scale
@@ -58,10 +59,14 @@ def ignores_checkpointing(cfg, gpus, seq_len, ac, limit):
     return _largest(cfg, gpus, seq_len, 'full', limit)
 
 
-@pytest.mark.parametrize('wrong, hint', [(one_too_many, 'more than the limit'), (one_too_few, 'also fits'),
-                                         (as_float, 'non-negative int')], ids=lambda x: getattr(x, '__name__', None))
+@pytest.mark.parametrize(
+    'wrong, hint',
+    [(one_too_many, 'more than the limit'), (one_too_few, 'also fits'), (as_float, 'non-negative int')],
+    ids=lambda x: getattr(x, '__name__', None),
+)
 def test_largest_batch_wrong_answers_get_their_hint(wrong, hint):
     from d2lpar import exercises
+
     for seed in range(3):
         verdict = exercises.check_largest_batch(wrong, seed=seed)
         assert not verdict.passed and verdict.attempted and hint in verdict.message, verdict
@@ -69,6 +74,7 @@ def test_largest_batch_wrong_answers_get_their_hint(wrong, hint):
 
 def test_largest_batch_catches_a_rule_that_ignores_checkpointing():
     from d2lpar import exercises
+
     assert not all(exercises.check_largest_batch(ignores_checkpointing, seed=s).passed for s in range(5))
 
 

@@ -4,6 +4,7 @@ Needs a running SLURM cluster (`bash .ci/slurm-local.sh start` starts a one-node
 root). Without one the test skips and says why; CI sets D2LPAR_REQUIRE_SLURM=1, which turns
 that skip into a failure.
 """
+
 import json
 import os
 import shutil
@@ -25,8 +26,7 @@ def slurm_problem():
     """Return why no job can run here, or None when a SLURM node is up."""
     if shutil.which('sbatch') is None:
         return 'SLURM is not installed (bash .ci/slurm-local.sh start installs and starts it)'
-    states = subprocess.run(['sinfo', '-h', '-o', '%T'], capture_output=True, text=True,
-                            timeout=30)
+    states = subprocess.run(['sinfo', '-h', '-o', '%T'], capture_output=True, text=True, timeout=30)
     if states.returncode != 0 or not {'idle', 'mixed', 'allocated'} & set(states.stdout.split()):
         return f'no SLURM node is up (sinfo: {(states.stdout + states.stderr).strip()!r})'
     return None
@@ -43,8 +43,11 @@ def slurm():
 
 def submit(job, tmp_path, *options, timeout=600):
     """Submit `job` from notebooks/ with `sbatch --wait`; return (exit code, its output)."""
-    env = dict(os.environ, D2LPAR_RESULT_DIR=str(tmp_path),  # ranks write their results here
-               PATH=f'{Path(sys.executable).parent}{os.pathsep}{os.environ["PATH"]}')
+    env = dict(
+        os.environ,
+        D2LPAR_RESULT_DIR=str(tmp_path),  # ranks write their results here
+        PATH=f'{Path(sys.executable).parent}{os.pathsep}{os.environ["PATH"]}',
+    )
     command = ['sbatch', '--wait', '--parsable', f'--output={tmp_path}/job-%j.out', *options, job]
     proc = subprocess.Popen(command, cwd=NOTEBOOKS, env=env, stdout=subprocess.PIPE, text=True)
     job_id = proc.stdout.readline().strip().split(';')[0]
@@ -63,8 +66,7 @@ def submit(job, tmp_path, *options, timeout=600):
 def test_the_job_file_runs_one_ddp_rank_per_slurm_task(slurm, tmp_path):
     # One node with two tasks stands in for the job file's two nodes; the options given on
     # the command line override its #SBATCH lines, as on any cluster.
-    code, output = submit(JOB, tmp_path, '--nodes=1', '--ntasks-per-node=2',
-                          '--cpus-per-task=1', '--gpus-per-node=0')
+    code, output = submit(JOB, tmp_path, '--nodes=1', '--ntasks-per-node=2', '--cpus-per-task=1', '--gpus-per-node=0')
     assert code == 0, output
     run = {}
     for path in tmp_path.glob('*.json'):
@@ -76,9 +78,17 @@ def test_the_job_file_runs_one_ddp_rank_per_slurm_task(slurm, tmp_path):
     assert run[0]['replica_gap'] == run[1]['replica_gap'] == 0
     assert run[0]['final'] == run[1]['final']
     # The same training as one process on the same global batches (the job file's arguments).
-    single = launch(NOTEBOOKS / 'scripts' / 'train_single.py', nproc=1, launcher='python',
-                    args=['--epochs', '4', '--batch-size', '32'], timeout=300,
-                    echo=False).check().by_rank()[0]
-    torch.testing.assert_close(torch.tensor(run[0]['final']), torch.tensor(single['final']),
-                               rtol=1e-4, atol=1e-5)
+    single = (
+        launch(
+            NOTEBOOKS / 'scripts' / 'train_single.py',
+            nproc=1,
+            launcher='python',
+            args=['--epochs', '4', '--batch-size', '32'],
+            timeout=300,
+            echo=False,
+        )
+        .check()
+        .by_rank()[0]
+    )
+    torch.testing.assert_close(torch.tensor(run[0]['final']), torch.tensor(single['final']), rtol=1e-4, atol=1e-5)
     assert launched_processes() == []

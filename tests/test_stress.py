@@ -1,4 +1,5 @@
 """verify/stress.py reports failing cells and what a run left behind, and ends it."""
+
 import json
 import os
 import re
@@ -29,10 +30,11 @@ def alive(pid):
 
 
 def notebook(path, sources):
-    cells = [{'cell_type': 'code', 'metadata': {}, 'execution_count': None, 'outputs': [],
-              'source': source} for source in sources]
-    path.write_text(json.dumps({'cells': cells, 'metadata': {}, 'nbformat': 4,
-                                'nbformat_minor': 5}))
+    cells = [
+        {'cell_type': 'code', 'metadata': {}, 'execution_count': None, 'outputs': [], 'source': source}
+        for source in sources
+    ]
+    path.write_text(json.dumps({'cells': cells, 'metadata': {}, 'nbformat': 4, 'nbformat_minor': 5}))
     return str(path)
 
 

@@ -29,18 +29,22 @@ def reference(make, X):
 
 def worker(rank, world_size):
     report = {}
-    for name, make, X in [('mlp', make_mlp, torch.randn(5, 6, generator=torch.Generator().manual_seed(2))),
-                          ('attention', make_attention,
-                           torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(3)))]:
+    for name, make, X in [
+        ('mlp', make_mlp, torch.randn(5, 6, generator=torch.Generator().manual_seed(2))),
+        ('attention', make_attention, torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(3))),
+    ]:
         net = tp.ParallelMLP(make()) if name == 'mlp' else tp.ParallelSelfAttention(make())
         X = X.clone().requires_grad_()
         with count_calls(['all_reduce']) as forward:
             out = net(X)
         with count_calls(['all_reduce']) as backward:
             (out * torch.arange(out.numel()).view_as(out).sin()).sum().backward()
-            report[name] = dict(out=out.tolist(), grads=[p.grad.tolist() for p in net.parameters()],
-                            x_grad=X.grad.tolist(), calls=[forward['all_reduce']['calls'],
-                                                           backward['all_reduce']['calls']])
+            report[name] = dict(
+                out=out.tolist(),
+                grads=[p.grad.tolist() for p in net.parameters()],
+                x_grad=X.grad.tolist(),
+                calls=[forward['all_reduce']['calls'], backward['all_reduce']['calls']],
+            )
     return report
 
 
@@ -91,16 +95,24 @@ def test_parallel_attention_splits_the_heads(reports):
 
 def test_attend_equals_torch_scaled_dot_product_attention():
     q, k, v = torch.randn(3, 2, 5, 12).unbind(0)
-    want = nn.functional.scaled_dot_product_attention(
-        *(t.view(2, 5, 3, 4).transpose(1, 2) for t in (q, k, v))).transpose(1, 2).reshape(2, 5, 12)
+    want = (
+        nn.functional.scaled_dot_product_attention(*(t.view(2, 5, 3, 4).transpose(1, 2) for t in (q, k, v)))
+        .transpose(1, 2)
+        .reshape(2, 5, 12)
+    )
     torch.testing.assert_close(tp.attend(q, k, v, 4), want)
 
 
 def test_block_bytes_formulas_by_hand():
     # n = 4: ring factor 3/4; 100 parameters (10 replicated), 8 tokens x 5 features, float32
     got = tp.block_bytes(100, 8, 5, 4, replicated=10)
-    assert got == {'DP': 2 * 0.75 * 400, 'FSDP': 3 * 0.75 * 400, 'TP': 8 * 0.75 * 160,
-                   'TP+SP': 8 * 0.75 * 160 + 2 * 0.75 * 40, 'PP': 2 * 160}
+    assert got == {
+        'DP': 2 * 0.75 * 400,
+        'FSDP': 3 * 0.75 * 400,
+        'TP': 8 * 0.75 * 160,
+        'TP+SP': 8 * 0.75 * 160 + 2 * 0.75 * 40,
+        'PP': 2 * 160,
+    }
     assert tp.block_bytes(100, 8, 5, 2)['PP'] == 160  # two stages: each sends one way only
 
 
@@ -123,11 +135,16 @@ def test_bad_arguments_are_named():
 
 @pytest.mark.parametrize('bad', [None, 'abc', -1, 0, 2.5, float('nan'), True, [], torch.ones(3)])
 def test_bad_values_get_a_named_error(bad):
-    calls = [lambda: tp.attend(bad, torch.ones(1, 2, 4), torch.ones(1, 2, 4), 2),
-             lambda: tp.attend(*torch.ones(3, 1, 2, 4).unbind(0), bad),
-             lambda: tp.SelfAttention(bad, 2), lambda: tp.SelfAttention(8, bad),
-             lambda: tp.block_bytes(bad, 8, 4, 2), lambda: tp.block_bytes(4, 8, 4, bad),
-             lambda: tp.ParallelMLP(bad), lambda: tp.ParallelSelfAttention(bad)]
+    calls = [
+        lambda: tp.attend(bad, torch.ones(1, 2, 4), torch.ones(1, 2, 4), 2),
+        lambda: tp.attend(*torch.ones(3, 1, 2, 4).unbind(0), bad),
+        lambda: tp.SelfAttention(bad, 2),
+        lambda: tp.SelfAttention(8, bad),
+        lambda: tp.block_bytes(bad, 8, 4, 2),
+        lambda: tp.block_bytes(4, 8, 4, bad),
+        lambda: tp.ParallelMLP(bad),
+        lambda: tp.ParallelSelfAttention(bad),
+    ]
     for call in calls:
         with pytest.raises((TypeError, ValueError), match='attend|SelfAttention|block_bytes|ParallelMLP'):
             call()
@@ -145,20 +162,25 @@ def block_worker(rank, world_size):
     mine = lambda t: t.chunk(world_size, 1)[rank].contiguous()
     weights = torch.linspace(-1, 1, X.numel()).view_as(X)
     report = {}
-    for name, make, inputs in [('unsplit', lambda b: b, (X, keep, weights)),
-                               ('megatron', tp.megatron_block, (X, keep, weights)),
-                               ('sp', tp.sequence_parallel_block, (mine(X), [mine(k) for k in keep], mine(weights))),
-                               ('sp_unsummed', tp.sequence_parallel_block,
-                                (mine(X), [mine(k) for k in keep], mine(weights)))]:
+    for name, make, inputs in [
+        ('unsplit', lambda b: b, (X, keep, weights)),
+        ('megatron', tp.megatron_block, (X, keep, weights)),
+        ('sp', tp.sequence_parallel_block, (mine(X), [mine(k) for k in keep], mine(weights))),
+        ('sp_unsummed', tp.sequence_parallel_block, (mine(X), [mine(k) for k in keep], mine(weights))),
+    ]:
         block, Xi = make(make_block()), inputs[0].clone().requires_grad_()
         with tp.count_wire_bytes() as wire:
             out = block(Xi, inputs[1])
             (out * inputs[2]).sum().backward()
             if name == 'sp':
                 tp.sum_replicated_grads(block)
-        report[name] = dict(out=out.tolist(), x_grad=Xi.grad.tolist(), wire=dict(wire),
-                            norm=block.norm1.weight.grad.tolist(), fc2_bias=block.mlp[2].bias.grad.tolist()
-                            if name == 'unsplit' else block.mlp.fc2.bias.grad.tolist())
+        report[name] = dict(
+            out=out.tolist(),
+            x_grad=Xi.grad.tolist(),
+            wire=dict(wire),
+            norm=block.norm1.weight.grad.tolist(),
+            fc2_bias=block.mlp[2].bias.grad.tolist() if name == 'unsplit' else block.mlp.fc2.bias.grad.tolist(),
+        )
     # The overlapped backward equals the synchronous one, bit for bit.
     torch.manual_seed(5)
     Xo, W, b, G = torch.randn(6, 4), torch.randn(3, 4), torch.randn(3), torch.randn(6, 3)
@@ -199,5 +221,8 @@ def test_count_wire_bytes_applies_the_ring_factors(block_reports):
     assert r['unsplit']['wire'] == {}
     assert r['megatron']['wire'] == {'all_reduce': (4, 4 * activation)}  # 2(n-1)/n = 1 for n = 2
     replicated = (8 + 8) * 2 + 8 + 8  # two norms, two output biases
-    assert r['sp']['wire'] == {'all_gather': (4, 4 * activation // 2), 'reduce_scatter': (4, 4 * activation // 2),
-                               'all_reduce': (6, replicated * 4)}
+    assert r['sp']['wire'] == {
+        'all_gather': (4, 4 * activation // 2),
+        'reduce_scatter': (4, 4 * activation // 2),
+        'all_reduce': (6, replicated * 4),
+    }

@@ -1,4 +1,5 @@
 """Timer, Accumulator and a headless Animator."""
+
 import time
 
 import pytest
@@ -21,6 +22,7 @@ def test_timer_records_and_sums():
 
 def test_timer_waits_for_every_gpu_or_the_one_given(monkeypatch):
     import torch
+
     calls = []
     monkeypatch.setattr(torch.cuda, 'synchronize', calls.append)
     monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
@@ -71,6 +73,7 @@ def test_animator_headless_prints_points(capsys):
 
 def test_animator_takes_tensors_and_a_single_legend(capsys):
     import torch
+
     animator = d2lpar.Animator(xlabel='epoch', legend='loss')
     animator.add(torch.tensor(1), torch.tensor(0.5))  # 0-d tensors, as a loss.item()-less call
     animator.add(2, torch.tensor([0.25]))
@@ -93,10 +96,10 @@ def test_accumulator_bad_size(bad):
 
 def test_animator_keeps_d2l_signature():
     import inspect
+
     names = list(inspect.signature(d2lpar.Animator).parameters)
     # d2l.Animator's parameters, in d2l's order (title is ours, last).
-    assert names[:10] == ['xlabel', 'ylabel', 'legend', 'xlim', 'ylim', 'xscale', 'yscale',
-                          'fmts', 'nrows', 'ncols']
+    assert names[:10] == ['xlabel', 'ylabel', 'legend', 'xlim', 'ylim', 'xscale', 'yscale', 'fmts', 'nrows', 'ncols']
     assert names[10] == 'figsize'
     # d2l keeps a list of axes (and draws only in the first: ours refuses a second subplot)
     assert len(d2lpar.Animator(nrows=1, ncols=1).axes) == 1
@@ -104,12 +107,15 @@ def test_animator_keeps_d2l_signature():
         d2lpar.Animator(nrows=0)
 
 
-@pytest.mark.parametrize('x, y, message', [
-    (1, 'abc', "y must be numbers .* got 'abc'"),
-    ('a', 1.0, "x must be numbers .* got 'a'"),
-    (1, [1.0, object()], 'y must be numbers'),
-    (1, True, 'y must be numbers'),
-])
+@pytest.mark.parametrize(
+    'x, y, message',
+    [
+        (1, 'abc', "y must be numbers .* got 'abc'"),
+        ('a', 1.0, "x must be numbers .* got 'a'"),
+        (1, [1.0, object()], 'y must be numbers'),
+        (1, True, 'y must be numbers'),
+    ],
+)
 def test_animator_add_refuses_what_is_not_a_number(x, y, message):
     with pytest.raises(TypeError, match=message):
         d2lpar.Animator().add(x, y)

@@ -1,4 +1,5 @@
 """Data-parallel training from scratch, checked against plain single-device PyTorch SGD."""
+
 import pytest
 import torch
 from torch.nn import functional as F
@@ -128,8 +129,11 @@ def test_train_batch_refuses_a_label_outside_0_to_9_before_any_gradient(label):
     X, y = random_batch(8, seed=0)
     y[3] = label
     replicas = [d2lpar.get_params(params, CPU) for _ in range(2)]
-    with pytest.raises(ValueError, match=rf'train_batch: y holds the label {label}, but LeNet '
-                                         r'has 10 outputs, for the classes 0\.\.9'):
+    with pytest.raises(
+        ValueError,
+        match=rf'train_batch: y holds the label {label}, but LeNet '
+        r'has 10 outputs, for the classes 0\.\.9',
+    ):
         d2lpar.train_batch(X, y, replicas, [CPU, CPU], 0.1)
     assert all(p.grad is None for replica in replicas for p in replica)
     with pytest.raises(TypeError, match='integer class labels'):
@@ -181,23 +185,25 @@ def test_check_splits():
 
 def test_train_learns_and_keeps_replicas_identical():
     torch.manual_seed(0)
-    result = d2lpar.train(2, 256, 0.2, num_epochs=2, max_batches=20,
-                          params=d2lpar.init_lenet_params(seed=0))
+    result = d2lpar.train(2, 256, 0.2, num_epochs=2, max_batches=20, params=d2lpar.init_lenet_params(seed=0))
     assert result.test_acc > 0.4  # chance is 0.1
     assert len(result.devices) == 2 and result.sec_per_epoch > 0
     assert_replicas_identical(result.device_params)
 
 
-@pytest.mark.parametrize('kwargs,match', [
-    (dict(num_gpus=0), 'num_gpus must be a positive int'),
-    (dict(lr=-0.1), 'lr must be a positive number'),
-    (dict(num_epochs=0), 'num_epochs must be a positive int'),
-    (dict(max_batches=0), r'max_batches must be a positive int, got 0 \(or None'),
-    (dict(num_gpus=3, batch_size=4), 'cannot be split across 3 device slots'),
-    (dict(batch_size=0), 'batch_size must be a positive int'),
-    (dict(batch_size=8.0), 'batch_size must be a positive int'),
-    (dict(params=d2lpar.init_lenet_params()[:6]), "params must be LeNet's 8 tensors"),
-])
+@pytest.mark.parametrize(
+    'kwargs,match',
+    [
+        (dict(num_gpus=0), 'num_gpus must be a positive int'),
+        (dict(lr=-0.1), 'lr must be a positive number'),
+        (dict(num_epochs=0), 'num_epochs must be a positive int'),
+        (dict(max_batches=0), r'max_batches must be a positive int, got 0 \(or None'),
+        (dict(num_gpus=3, batch_size=4), 'cannot be split across 3 device slots'),
+        (dict(batch_size=0), 'batch_size must be a positive int'),
+        (dict(batch_size=8.0), 'batch_size must be a positive int'),
+        (dict(params=d2lpar.init_lenet_params()[:6]), "params must be LeNet's 8 tensors"),
+    ],
+)
 def test_train_bad_arguments(kwargs, match):
     args = dict(dict(num_gpus=1, batch_size=256, lr=0.2), **kwargs)
     with pytest.raises(ValueError, match=match):

@@ -1,4 +1,5 @@
 """Visibility masks: the pure-Python rules against torch's own parser, and masked children."""
+
 import os
 import time
 
@@ -7,9 +8,34 @@ import torch
 
 import d2lpar
 
-MASKS = ['', '-1', '0', '1', '0,1', '1,0', '0,2,3', '0,5', '5,0', 'abc', '0,0', '1,0,1',
-         '0,2,-1,1', ' 1 , 0 ', '1gpu2,2ampere', '+1', '-0', '0,,1', '3,2,1,0', '0 1',
-         'GPU-aa', 'GPU-aa,GPU-bb', 'GPU-aa,GPU-aa', 'GPU-aa,1', 'MIG-aa,MIG-bb', ' GPU-aa']
+MASKS = [
+    '',
+    '-1',
+    '0',
+    '1',
+    '0,1',
+    '1,0',
+    '0,2,3',
+    '0,5',
+    '5,0',
+    'abc',
+    '0,0',
+    '1,0,1',
+    '0,2,-1,1',
+    ' 1 , 0 ',
+    '1gpu2,2ampere',
+    '+1',
+    '-0',
+    '0,,1',
+    '3,2,1,0',
+    '0 1',
+    'GPU-aa',
+    'GPU-aa,GPU-bb',
+    'GPU-aa,GPU-aa',
+    'GPU-aa,1',
+    'MIG-aa,MIG-bb',
+    ' GPU-aa',
+]
 UUIDS4 = ['GPU-aa11', 'GPU-bb22', 'GPU-bc33', 'GPU-cc44']
 
 
@@ -39,36 +65,42 @@ def test_count_matches_torch(monkeypatch, mask, num_gpus):
     assert len(d2lpar.visible_gpus(mask, num_gpus, uuids)) == torch.cuda._device_count_nvml()
 
 
-@pytest.mark.parametrize('mask,num_gpus,expected', [
-    (None, 4, [0, 1, 2, 3]),
-    (None, 0, []),
-    ('', 4, []),
-    ('-1', 4, []),
-    ('abc', 4, []),
-    ('0,0', 4, []),
-    ('0,2,-1,1', 4, [0, 2]),
-    ('1,0', 4, [1, 0]),
-    ('0,2,3', 4, [0, 2, 3]),
-    ('0,5', 8, [0, 5]),
-    ('0,5', 4, [0]),
-    ('5,0', 4, []),
-    ('0, 5', 8, [0, 5]),
-    ('3', 2, []),
-    ('0,1', 0, []),
-])
+@pytest.mark.parametrize(
+    'mask,num_gpus,expected',
+    [
+        (None, 4, [0, 1, 2, 3]),
+        (None, 0, []),
+        ('', 4, []),
+        ('-1', 4, []),
+        ('abc', 4, []),
+        ('0,0', 4, []),
+        ('0,2,-1,1', 4, [0, 2]),
+        ('1,0', 4, [1, 0]),
+        ('0,2,3', 4, [0, 2, 3]),
+        ('0,5', 8, [0, 5]),
+        ('0,5', 4, [0]),
+        ('5,0', 4, []),
+        ('0, 5', 8, [0, 5]),
+        ('3', 2, []),
+        ('0,1', 0, []),
+    ],
+)
 def test_visible_gpus_rules(mask, num_gpus, expected):
     assert d2lpar.visible_gpus(mask, num_gpus) == expected
 
 
-@pytest.mark.parametrize('mask,expected', [
-    ('GPU-bc', [2]),            # a unique prefix is enough
-    ('GPU-cc44,GPU-aa', [3, 0]),
-    ('GPU-b', []),              # ambiguous: GPU-bb22 and GPU-bc33
-    ('GPU-aa,GPU-b,GPU-cc', [0]),
-    ('GPU-ff', []),
-    ('GPU-aa,GPU-aa11', []),    # the same GPU twice
-    ('MIG-aa', []),
-])
+@pytest.mark.parametrize(
+    'mask,expected',
+    [
+        ('GPU-bc', [2]),  # a unique prefix is enough
+        ('GPU-cc44,GPU-aa', [3, 0]),
+        ('GPU-b', []),  # ambiguous: GPU-bb22 and GPU-bc33
+        ('GPU-aa,GPU-b,GPU-cc', [0]),
+        ('GPU-ff', []),
+        ('GPU-aa,GPU-aa11', []),  # the same GPU twice
+        ('MIG-aa', []),
+    ],
+)
 def test_visible_gpus_uuids(mask, expected):
     assert d2lpar.visible_gpus(mask, 4, UUIDS4) == expected
 
@@ -113,15 +145,30 @@ def test_choose_gpu(monkeypatch):
 
 
 def test_misspelled_cuda_vars():
-    environ = {'CUDA_VISIBLE_DEVICE': '1', 'cuda_visible_devices': '1', 'CUDA_DEVICE_ODER': 'x',
-               'CUDA_VISIBLE_DEVICES': '0', 'CUDA_DEVICE_ORDER': 'PCI_BUS_ID',
-               'NVIDIA_VISIBLE_DEVICES': 'all', 'HIP_VISIBLE_DEVICES': '0', 'CUDA_HOME': '/x',
-               'PATH': '/bin', 'CUDE_VISIBLE_DEVICES': '1',
-               # other accelerators' real variables are not typos of CUDA's
-               'XPU_VISIBLE_DEVICES': '0', 'TPU_VISIBLE_DEVICES': '0', 'MLU_VISIBLE_DEVICES': '0',
-               'NPU_VISIBLE_DEVICES': '0', 'GPU_DEVICE_ORDINAL': '0'}
+    environ = {
+        'CUDA_VISIBLE_DEVICE': '1',
+        'cuda_visible_devices': '1',
+        'CUDA_DEVICE_ODER': 'x',
+        'CUDA_VISIBLE_DEVICES': '0',
+        'CUDA_DEVICE_ORDER': 'PCI_BUS_ID',
+        'NVIDIA_VISIBLE_DEVICES': 'all',
+        'HIP_VISIBLE_DEVICES': '0',
+        'CUDA_HOME': '/x',
+        'PATH': '/bin',
+        'CUDE_VISIBLE_DEVICES': '1',
+        # other accelerators' real variables are not typos of CUDA's
+        'XPU_VISIBLE_DEVICES': '0',
+        'TPU_VISIBLE_DEVICES': '0',
+        'MLU_VISIBLE_DEVICES': '0',
+        'NPU_VISIBLE_DEVICES': '0',
+        'GPU_DEVICE_ORDINAL': '0',
+    }
     assert d2lpar.misspelled_cuda_vars(environ) == [
-        'CUDA_DEVICE_ODER', 'CUDA_VISIBLE_DEVICE', 'CUDE_VISIBLE_DEVICES', 'cuda_visible_devices']
+        'CUDA_DEVICE_ODER',
+        'CUDA_VISIBLE_DEVICE',
+        'CUDE_VISIBLE_DEVICES',
+        'cuda_visible_devices',
+    ]
     assert d2lpar.misspelled_cuda_vars({'CUDA_VISIBLE_DEVICES': ''}) == []
 
 
@@ -129,19 +176,23 @@ def test_run_with_masks_reports_what_each_child_saw(monkeypatch):
     gpus_here = d2lpar.num_gpus()
     monkeypatch.setenv('CUDA_VISIBLE_DEVICES', 'set-in-parent')
     monkeypatch.setenv('D2LPAR_TEST_UNSET_ME', 'x')
-    code = ("import os, sys\n"
-            "print('hello from', os.environ.get('CUDA_VISIBLE_DEVICES'), end='')\n"
-            "print('to stderr', file=sys.stderr)\n"
-            "report['who'] = os.environ.get('WHO')\n"
-            "report['unset'] = 'D2LPAR_TEST_UNSET_ME' in os.environ\n")
+    code = (
+        "import os, sys\n"
+        "print('hello from', os.environ.get('CUDA_VISIBLE_DEVICES'), end='')\n"
+        "print('to stderr', file=sys.stderr)\n"
+        "report['who'] = os.environ.get('WHO')\n"
+        "report['unset'] = 'D2LPAR_TEST_UNSET_ME' in os.environ\n"
+    )
     masks = ['', None, '1,0']
-    seen = d2lpar.run_with_masks(masks, code=code,
-                                 env=[{'WHO': 'a'}, {'WHO': 'b', 'D2LPAR_TEST_UNSET_ME': None},
-                                      {'WHO': 'c'}])
+    seen = d2lpar.run_with_masks(
+        masks, code=code, env=[{'WHO': 'a'}, {'WHO': 'b', 'D2LPAR_TEST_UNSET_ME': None}, {'WHO': 'c'}]
+    )
     assert [s['mask'] for s in seen] == masks  # the parent's own mask is not inherited
-    assert [s['report'] for s in seen] == [{'who': 'a', 'unset': True},
-                                           {'who': 'b', 'unset': False},
-                                           {'who': 'c', 'unset': True}]
+    assert [s['report'] for s in seen] == [
+        {'who': 'a', 'unset': True},
+        {'who': 'b', 'unset': False},
+        {'who': 'c', 'unset': True},
+    ]
     assert [s['stdout'] for s in seen] == ['hello from ', 'hello from None', 'hello from 1,0']
     assert all(s['stderr'] == 'to stderr\n' for s in seen)
     assert len({s['pid'] for s in seen} | {os.getpid()}) == 4
@@ -165,11 +216,11 @@ def test_run_with_mask_script_and_concurrency(tmp_path):
         "while len(list(folder.iterdir())) < n:\n"
         "    assert time.monotonic() < deadline, 'barrier timed out'\n"
         "    time.sleep(0.02)\n"
-        "report['argv'] = sys.argv[1:]\n")
+        "report['argv'] = sys.argv[1:]\n"
+    )
     barrier = tmp_path / 'barrier'
     barrier.mkdir()
-    seen = d2lpar.run_with_masks(['0', '1', '-1'], script=script,
-                                 args=[str(barrier), '3'], max_parallel=3)
+    seen = d2lpar.run_with_masks(['0', '1', '-1'], script=script, args=[str(barrier), '3'], max_parallel=3)
     assert [s['report']['argv'] for s in seen] == [[str(barrier), '3']] * 3
     assert sorted(p.name for p in barrier.iterdir()) == sorted(str(s['pid']) for s in seen)
     one = d2lpar.run_with_mask('0', script=str(script), args=[str(barrier), '3'])
@@ -178,8 +229,7 @@ def test_run_with_mask_script_and_concurrency(tmp_path):
 
 def test_failing_child_relays_stderr():
     code = "import sys\nprint('partial output')\nraise ValueError('the child broke: 42')\n"
-    with pytest.raises(RuntimeError, match=r"CUDA_VISIBLE_DEVICES '0'\) failed with exit code 1") \
-            as err:
+    with pytest.raises(RuntimeError, match=r"CUDA_VISIBLE_DEVICES '0'\) failed with exit code 1") as err:
         d2lpar.run_with_mask('0', code=code)
     assert "ValueError: the child broke: 42" in str(err.value)
     with pytest.raises(RuntimeError, match='without its report'):
@@ -201,11 +251,13 @@ def _gone(pid):
 @pytest.mark.skipif(os.name != 'posix', reason='checks process groups')
 def test_timeout_kills_child_and_grandchild(tmp_path):
     pids = tmp_path / 'pids'
-    code = ("import os, subprocess, sys, time\n"
-            "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
-            f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{g.pid}}')\n"
-            "print('about to hang', file=sys.stderr, flush=True)\n"
-            "time.sleep(120)\n")
+    code = (
+        "import os, subprocess, sys, time\n"
+        "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{g.pid}}')\n"
+        "print('about to hang', file=sys.stderr, flush=True)\n"
+        "time.sleep(120)\n"
+    )
     tik = time.perf_counter()
     with pytest.raises(TimeoutError, match=r'within 3 s and was killed') as err:
         d2lpar.run_with_mask('', code=code, timeout=3)
@@ -262,11 +314,13 @@ def _wait_for(path, seconds=60):
 @pytest.mark.skipif(os.name != 'posix', reason='checks process groups')
 def test_leftover_grandchild_is_killed(tmp_path):
     pid_file = tmp_path / 'pid'
-    code = ("import subprocess, sys\n"
-            "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'],\n"
-            "                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
-            f"open({str(pid_file)!r}, 'w').write(str(g.pid))\n"
-            "raise SystemExit(3)  # exits at once, leaving the grandchild behind\n")
+    code = (
+        "import subprocess, sys\n"
+        "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'],\n"
+        "                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(g.pid))\n"
+        "raise SystemExit(3)  # exits at once, leaving the grandchild behind\n"
+    )
     with pytest.raises(RuntimeError, match='exit code 3'):
         d2lpar.run_with_mask(None, code=code)
     grandchild = int(pid_file.read_text())
@@ -281,10 +335,9 @@ def test_interrupt_kills_children(tmp_path):
     """A KeyboardInterrupt (the learner stopping the kernel) leaves no child behind."""
     import signal
     import threading
+
     pid_file = tmp_path / 'pid'
-    code = ("import os, time\n"
-            f"open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
-            "time.sleep(120)\n")
+    code = f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(120)\n"
 
     def interrupt():
         _wait_for(pid_file)
@@ -305,10 +358,12 @@ def test_interrupt_kills_children(tmp_path):
 def test_a_child_whose_gpus_cannot_start_reports_none_and_does_not_crash():
     # What a driver too old for the build looks like from Python: NVML counts GPUs,
     # the CUDA runtime cannot start. The child's own report must not ask for them.
-    too_old = ('import torch\n'
-               'torch.cuda.device_count = lambda: 2\n'
-               'torch.cuda.is_available = lambda: False\n'
-               'report["num_gpus"] = __import__("d2lpar").num_gpus()\n')
+    too_old = (
+        'import torch\n'
+        'torch.cuda.device_count = lambda: 2\n'
+        'torch.cuda.is_available = lambda: False\n'
+        'report["num_gpus"] = __import__("d2lpar").num_gpus()\n'
+    )
     seen = d2lpar.run_with_mask(None, code=too_old)
     assert seen['device_count'] == 0 and not seen['cuda_available'] and seen['names'] == []
     assert seen['report']['num_gpus'] == 0
@@ -322,6 +377,7 @@ def test_a_mask_set_after_is_available_fools_device_count_but_not_cuda(monkeypat
     the variable as it is now; afterwards it asks the runtime.
     """
     import torch
+
     monkeypatch.setattr(torch.cuda, '_is_compiled', lambda: True)
     monkeypatch.setattr(torch._C, '_cuda_getDeviceCount', lambda: 2, raising=False)
     monkeypatch.setattr(torch.cuda, '_raw_device_count_nvml', lambda: 2)  # NVML: 2 GPUs in the box

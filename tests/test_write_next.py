@@ -1,4 +1,5 @@
 """d2lpar.write_next: a script's next version from the last one plus the diff a notebook shows."""
+
 import difflib
 
 import pytest

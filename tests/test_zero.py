@@ -6,6 +6,7 @@ weight, with plain SGD and with AdamW, next to one process on the whole batch;
 then the same with three classic bugs planted. In-process tests run each stage
 on parameters on the 'meta' device and see every tensor it makes land there.
 """
+
 import functools
 
 import pytest
@@ -22,9 +23,11 @@ from d2lpar.distributed import count_calls
 
 STEPS, WORLD = 3, 2
 TOL = 1e-5  # float32: a few roundings per value per step differ from one process's sums
-OPTIMIZERS = {'SGD': (torch.optim.SGD, dict(lr=0.5)),
-              'AdamW': (torch.optim.AdamW, dict(lr=0.01, weight_decay=0.01)),
-              'momentum': (torch.optim.SGD, dict(lr=0.1, momentum=0.9))}
+OPTIMIZERS = {
+    'SGD': (torch.optim.SGD, dict(lr=0.5)),
+    'AdamW': (torch.optim.AdamW, dict(lr=0.01, weight_decay=0.01)),
+    'momentum': (torch.optim.SGD, dict(lr=0.1, momentum=0.9)),
+}
 STAGES = ['Zero1', 'Zero2', 'Zero3']
 BUGS = [None, 'no division', 'divided twice', 'wrong shard']
 
@@ -48,12 +51,12 @@ class Net(nn.Module):
 
 def batches():
     g = torch.Generator().manual_seed(1)
-    return [(torch.randn(2 * WORLD, 7, generator=g), torch.randn(2 * WORLD, 2, generator=g))
-            for _ in range(STEPS)]
+    return [(torch.randn(2 * WORLD, 7, generator=g), torch.randn(2 * WORLD, 2, generator=g)) for _ in range(STEPS)]
 
 
 def buggy(cls, bug):
     """Return `cls` with one classic bug planted (None: unchanged)."""
+
     class Buggy(cls):
         def reduce_bucket(self, bucket):
             super().reduce_bucket(bucket)
@@ -70,6 +73,7 @@ def buggy(cls, bug):
             copy = zero.pad_to_shards(p, self.n)[other].clone()
             super().shard_param(p)
             return copy if isinstance(self, zero.Zero3) else self.flats[p][other]
+
     return Buggy if bug else cls
 
 
@@ -99,8 +103,7 @@ def reference(optimizer):
     for X, y in batches():
         opt.zero_grad()
         nn.functional.mse_loss(net(X), y).backward()
-        first = first or {name: p.grad.clone() for name, p in net.named_parameters()
-                          if p.grad is not None}
+        first = first or {name: p.grad.clone() for name, p in net.named_parameters() if p.grad is not None}
         opt.step()
     return full_params(net, None), first
 
@@ -119,8 +122,10 @@ def run(rank, n, stage, optimizer, bug):
                 if id(p) not in opt.reduced:
                     opt.reduce_bucket([p])
             names = {p: name for name, p in net.named_parameters()}
-            grad_diff = max((opt.shards[p].grad - zero.pad_to_shards(first[names[p]], n)[rank])
-                            .abs().max().item() for p in opt.params)
+            grad_diff = max(
+                (opt.shards[p].grad - zero.pad_to_shards(first[names[p]], n)[rank]).abs().max().item()
+                for p in opt.params
+            )
         opt.step()
     diff = max((p - q).abs().max().item() for p, q in zip(full_params(net, opt), want))
     return diff, grad_diff
@@ -223,8 +228,9 @@ class DeviceAudit(TorchDispatchMode):
 def one_step_on_meta(monkeypatch, stage):
     """One step of `stage` with its parameters on 'meta' (no data: shapes only) and the
     collectives replaced by no-ops (rank 0 of 2): return the devices of all it made."""
-    for name, value in dict(is_initialized=lambda: True, get_world_size=lambda: 2,
-                            get_rank=lambda: 0, broadcast=lambda *a, **k: None).items():
+    for name, value in dict(
+        is_initialized=lambda: True, get_world_size=lambda: 2, get_rank=lambda: 0, broadcast=lambda *a, **k: None
+    ).items():
         monkeypatch.setattr(dist, name, value)
     for name in ('ring_reduce_scatter', 'ring_all_gather', 'ring_allreduce'):
         monkeypatch.setattr(d2lpar.lessons.nb10_zero, name, lambda blocks, *a: blocks)
@@ -266,7 +272,10 @@ def test_bytes_sent_follow_the_ring_formula_with_padding_frozen_and_tied(results
             w = -(-net.mid.weight.numel() // WORLD) * WORLD
             want += (WORLD - 1) / WORLD * w * 4
         assert all(results[r]['sent'][stage] == want for r in range(WORLD)), (
-            stage, [results[r]['sent'][stage] for r in range(WORLD)], want)
+            stage,
+            [results[r]['sent'][stage] for r in range(WORLD)],
+            want,
+        )
 
 
 def test_model_state_bytes_follows_the_zero_table():
@@ -278,8 +287,8 @@ def test_model_state_bytes_follows_the_zero_table():
 
 
 def test_pad_to_shards_pads_with_zeros_on_the_tensors_device():
-    rows = zero.pad_to_shards(torch.arange(5.), 2)
-    assert rows.tolist() == [[0., 1., 2.], [3., 4., 0.]]
+    rows = zero.pad_to_shards(torch.arange(5.0), 2)
+    assert rows.tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 0.0]]
     assert zero.pad_to_shards(torch.ones(5, device='meta'), 2).device.type == 'meta'
 
 

@@ -33,6 +33,7 @@ folder so that the notebook's work folder lands there; launches the script writt
 torchrun (PYTHONPATH work:ROOT, as the notebook's launch has it); and checks what the ranks
 handed back with the facts the notebook asserts after its own launch.
 """
+
 import argparse
 import os
 import shutil
@@ -61,20 +62,30 @@ def main(argv=None):
         return run_script(argv[1:])
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--rows', default='', help='comma-separated parts of row names to run')
-    parser.add_argument('--quick', action='store_true',
-                        help='only the rows one GPU can prove, in minutes (their names start '
-                             'with "quick"; --list --quick shows each one\'s estimated seconds)')
-    parser.add_argument('--budget', type=float, default=None,
-                        help='start no row after this many seconds (default 480 with --quick)')
+    parser.add_argument(
+        '--quick',
+        action='store_true',
+        help='only the rows one GPU can prove, in minutes (their names start '
+        'with "quick"; --list --quick shows each one\'s estimated seconds)',
+    )
+    parser.add_argument(
+        '--budget', type=float, default=None, help='start no row after this many seconds (default 480 with --quick)'
+    )
     parser.add_argument('--list', action='store_true', help='list the rows and exit')
-    parser.add_argument('--allow-cpu', action='store_true',
-                        help='on a machine with no GPU, run the rows a CPU can (verifies no '
-                             'GPU path) instead of stopping with exit status 3')
-    parser.add_argument('--online', action='store_true',
-                        help='let notebooks download Fashion-MNIST (default: offline stand-in)')
-    parser.add_argument('--logs', default=str(ROOT / 'build' / 'gpucheck'),
-                        help='folder for each row\'s output, the traces and summary.tsv '
-                             '(default build/gpucheck)')
+    parser.add_argument(
+        '--allow-cpu',
+        action='store_true',
+        help='on a machine with no GPU, run the rows a CPU can (verifies no '
+        'GPU path) instead of stopping with exit status 3',
+    )
+    parser.add_argument(
+        '--online', action='store_true', help='let notebooks download Fashion-MNIST (default: offline stand-in)'
+    )
+    parser.add_argument(
+        '--logs',
+        default=str(ROOT / 'build' / 'gpucheck'),
+        help='folder for each row\'s output, the traces and summary.tsv (default build/gpucheck)',
+    )
     args = parser.parse_args(argv)
     if args.budget is None and args.quick:
         args.budget = 480
@@ -84,8 +95,7 @@ def main(argv=None):
     scratch = Path(tempfile.gettempdir()) / f'd2lpar-gpucheck-{os.getpid()}'
     table = [r for r in rows(scratch) if r.quick == args.quick]
     for row in table:  # the profiler's Chrome traces, kept for GPU_CHECKLIST item 5
-        row.argv = [logs / Path(a).name if isinstance(a, Path) and a.name.startswith('trace')
-                    else a for a in row.argv]
+        row.argv = [logs / Path(a).name if isinstance(a, Path) and a.name.startswith('trace') else a for a in row.argv]
     wanted = [w.strip() for w in args.rows.split(',') if w.strip()]
     if wanted:
         table = [r for r in table if any(w in r.name for w in wanted)]
@@ -96,25 +106,30 @@ def main(argv=None):
             estimate = f'  (about {row.estimate} s, estimated)' if row.estimate else ''
             print(f'{row.needs} GPU(s)  {row.name}{estimate}')
         if args.quick:
-            print(f'estimated total: {sum(r.estimate or 0 for r in table)} s on one H100 '
-                  '(an estimate, not a measurement)')
+            print(
+                f'estimated total: {sum(r.estimate or 0 for r in table)} s on one H100 (an estimate, not a measurement)'
+            )
         return 0
     import torch
     import d2lpar
+
     gpus = d2lpar.num_gpus()
     driver = driver_gpus()
-    status, message = preflight(driver, gpus, torch.version.cuda, torch.__version__,
-                                os.environ.get('CUDA_VISIBLE_DEVICES'), args.allow_cpu)
+    status, message = preflight(
+        driver, gpus, torch.version.cuda, torch.__version__, os.environ.get('CUDA_VISIBLE_DEVICES'), args.allow_cpu
+    )
     if message:
-        print(('ERROR ' if status else '') + message, file=sys.stderr if status else sys.stdout,
-              flush=True)
+        print(('ERROR ' if status else '') + message, file=sys.stderr if status else sys.stdout, flush=True)
     if status:
         print('\n'.join(gpu_facts(driver)), file=sys.stderr)
         return status
     if driver['exclusive']:
-        print('note: the GPUs are in EXCLUSIVE_PROCESS compute mode: rows that put several '
-              'processes on one GPU (notebook 2 on one GPU, device slots sharing a GPU) fail '
-              'there; ask for the DEFAULT compute mode (nvidia-smi -c DEFAULT, as root)', flush=True)
+        print(
+            'note: the GPUs are in EXCLUSIVE_PROCESS compute mode: rows that put several '
+            'processes on one GPU (notebook 2 on one GPU, device slots sharing a GPU) fail '
+            'there; ask for the DEFAULT compute mode (nvidia-smi -c DEFAULT, as root)',
+            flush=True,
+        )
     # Stopped by `timeout` or a job scheduler: leave through the `finally`s, which end the row's
     # processes and remove the scratch folder.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
@@ -151,8 +166,10 @@ def main(argv=None):
         print(f'{name:{width}}  {"" if seconds is None else f"{seconds:6.0f} s"}  {result}')
     failed = sum(r.startswith('FAIL') for _, r, _ in results)
     ran = sum(s is not None for _, _, s in results)
-    print(f'\n{ran - failed} passed, {failed} failed, {len(results) - ran} skipped or not run'
-          f' ({time.monotonic() - started:.0f} s)')
+    print(
+        f'\n{ran - failed} passed, {failed} failed, {len(results) - ran} skipped or not run'
+        f' ({time.monotonic() - started:.0f} s)'
+    )
     return 1 if failed else 0
 
 

@@ -20,6 +20,7 @@ shows KeyboardInterrupt, the kernel is alive and idle, and no process the
 launch started (nor a listening port it held) is left.
 Exit status 0 only when every notebook passed.
 """
+
 import argparse
 import glob
 import json
@@ -47,14 +48,16 @@ def free_port():
 def launched_by(kernel_pid):
     """Return the pids of the live processes that d2lpar.launch started from `kernel_pid`."""
     from d2lpar.processes import launched_processes
+
     return [p.pid for p in launched_processes(f'{kernel_pid}-')]
 
 
 def listening_ports(pids):
     """Return the TCP ports on which any of `pids` listens (Linux: ss)."""
     out = subprocess.run(['ss', '-ltnpH'], capture_output=True, text=True).stdout
-    return sorted({line.split()[3].rsplit(':', 1)[1] for line in out.splitlines()
-                   if any(f'pid={p},' in line for p in pids)})
+    return sorted(
+        {line.split()[3].rsplit(':', 1)[1] for line in out.splitlines() if any(f'pid={p},' in line for p in pids)}
+    )
 
 
 class Lab:
@@ -64,11 +67,22 @@ class Lab:
         self.folder, self.port, self.token = folder, free_port(), secrets.token_hex(16)
         jupyter = Path(sys.executable).with_name('jupyter')
         self.server = subprocess.Popen(
-            [str(jupyter), 'lab', '--no-browser', f'--port={self.port}', '--ip=127.0.0.1',
-             f'--ServerApp.token={self.token}', f'--notebook-dir={folder}',
-             f'--LabApp.workspaces_dir={folder}/.workspaces', '--LabApp.expose_app_in_browser=True',
-             *(['--allow-root'] if os.getuid() == 0 else [])],
-            stdout=subprocess.DEVNULL, stderr=open(folder / 'jupyter.log', 'w'), start_new_session=True)
+            [
+                str(jupyter),
+                'lab',
+                '--no-browser',
+                f'--port={self.port}',
+                '--ip=127.0.0.1',
+                f'--ServerApp.token={self.token}',
+                f'--notebook-dir={folder}',
+                f'--LabApp.workspaces_dir={folder}/.workspaces',
+                '--LabApp.expose_app_in_browser=True',
+                *(['--allow-root'] if os.getuid() == 0 else []),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=open(folder / 'jupyter.log', 'w'),
+            start_new_session=True,
+        )
         for _ in range(120):
             try:
                 self.api('status')
@@ -104,8 +118,9 @@ class Lab:
         for s in self.api('sessions'):
             if s['path'].endswith(notebook):
                 kid = s['kernel']['id']
-                out = subprocess.run(['pgrep', '-f', f'kernel-{kid}.json'],
-                                     capture_output=True, text=True).stdout.split()
+                out = subprocess.run(
+                    ['pgrep', '-f', f'kernel-{kid}.json'], capture_output=True, text=True
+                ).stdout.split()
                 return (int(out[0]) if out else None), s['kernel']['execution_state']
         return None, 'missing'
 
@@ -117,7 +132,8 @@ class Lab:
                        const k = w && w.sessionContext && w.sessionContext.session
                                  && w.sessionContext.session.kernel;
                        return w && w.context && w.context.isReady && k && k.status === 'idle'; })()''',
-            timeout=120000)
+            timeout=120000,
+        )
         self.wait_idle(notebook, settle=2)
 
     def run_all(self, notebook):
@@ -126,8 +142,9 @@ class Lab:
             self.command('notebook:run-all-cells', wait=False)
             for _ in range(40):
                 if self.kernel(notebook)[1] == 'busy' or self.page.evaluate(
-                        'window.jupyterapp.shell.currentWidget.content.widgets'
-                        '.some(c => c.model.type === "code" && c.model.executionCount)'):
+                    'window.jupyterapp.shell.currentWidget.content.widgets'
+                    '.some(c => c.model.type === "code" && c.model.executionCount)'
+                ):
                     return
                 time.sleep(0.25)
         raise RuntimeError(f'{notebook}: Run All Cells did not start the kernel')
@@ -164,8 +181,12 @@ def errors_in(nb):
     """Return (cells that never ran, cells with an error output) of a saved notebook."""
     code = [(i, c) for i, c in enumerate(nb['cells']) if c['cell_type'] == 'code']
     unrun = [i for i, c in code if c.get('execution_count') is None and ''.join(c['source']).strip()]
-    failed = [(i, o.get('ename'), o.get('evalue', '')[:200]) for i, c in code
-              for o in c.get('outputs', []) if o.get('output_type') == 'error']
+    failed = [
+        (i, o.get('ename'), o.get('evalue', '')[:200])
+        for i, c in code
+        for o in c.get('outputs', [])
+        if o.get('output_type') == 'error'
+    ]
     return unrun, failed
 
 
@@ -180,10 +201,12 @@ def run_all(lab, notebook, shots):
     lab.page.screenshot(path=str(shots / (Path(notebook).stem + '.png')))
     unrun, failed = errors_in(nb)
     ok = not failed and not unrun
-    print(f'{"PASS" if ok else "FAIL"} {notebook}: {seconds:.0f} s'
-          + (f', cells never run {unrun}' if unrun else '')
-          + ''.join(f'\n    cell {i}: {e}: {v}' for i, e, v in failed),
-          flush=True)
+    print(
+        f'{"PASS" if ok else "FAIL"} {notebook}: {seconds:.0f} s'
+        + (f', cells never run {unrun}' if unrun else '')
+        + ''.join(f'\n    cell {i}: {e}: {v}' for i, e, v in failed),
+        flush=True,
+    )
     lab.shut_down(notebook)
     return ok
 
@@ -191,8 +214,9 @@ def run_all(lab, notebook, shots):
 def interrupt(lab, notebook, text, shots):
     lab.open(notebook)
     nb = json.loads((lab.folder / notebook).read_text())
-    target = next((i for i, c in enumerate(nb['cells'])
-                   if c['cell_type'] == 'code' and text in ''.join(c['source'])), None)
+    target = next(
+        (i for i, c in enumerate(nb['cells']) if c['cell_type'] == 'code' and text in ''.join(c['source'])), None
+    )
     if target is None:
         print(f'FAIL {notebook}: no code cell contains {text!r}')
         return False
@@ -226,10 +250,12 @@ def interrupt(lab, notebook, text, shots):
     interrupted = any(o.get('ename') == 'KeyboardInterrupt' for o in outputs)
     alive, state = lab.kernel(notebook)
     ok = interrupted and not left and not still and alive == kernel_pid and state == 'idle'
-    print(f'{"PASS" if ok else "FAIL"} {notebook} interrupted during a launch: '
-          f'{len(launched)} launched processes (ports {ports}), left {left} (ports {still}), '
-          f'KeyboardInterrupt shown: {interrupted}, kernel alive and idle: {alive == kernel_pid and state == "idle"}',
-          flush=True)
+    print(
+        f'{"PASS" if ok else "FAIL"} {notebook} interrupted during a launch: '
+        f'{len(launched)} launched processes (ports {ports}), left {left} (ports {still}), '
+        f'KeyboardInterrupt shown: {interrupted}, kernel alive and idle: {alive == kernel_pid and state == "idle"}',
+        flush=True,
+    )
     lab.shut_down(notebook)
     return ok
 
@@ -261,12 +287,18 @@ def main():
         sys.exit('labcheck needs Playwright: pip install playwright')
     chromium = shutil.which('chromium') or shutil.which('chromium-browser')
     notebooks = args.notebooks or sorted(glob.glob(str(ROOT / 'notebooks' / '[0-9]*.ipynb'))) + sorted(
-        glob.glob(str(ROOT / 'notebooks' / 'solutions' / '[0-9]*.ipynb')))
+        glob.glob(str(ROOT / 'notebooks' / 'solutions' / '[0-9]*.ipynb'))
+    )
     notebooks = [str(Path(n).resolve().relative_to(ROOT / 'notebooks')) for n in notebooks]
     if args.interrupt and not args.notebooks:  # every notebook that has such a cell
-        notebooks = [n for n in notebooks if any(
-            c['cell_type'] == 'code' and args.interrupt in ''.join(c['source'])
-            for c in json.loads((ROOT / 'notebooks' / n).read_text())['cells'])]
+        notebooks = [
+            n
+            for n in notebooks
+            if any(
+                c['cell_type'] == 'code' and args.interrupt in ''.join(c['source'])
+                for c in json.loads((ROOT / 'notebooks' / n).read_text())['cells']
+            )
+        ]
     shots = Path(args.shots).resolve()
     shots.mkdir(parents=True, exist_ok=True)
     if not args.full:
@@ -279,11 +311,16 @@ def main():
         shutil.copytree(ROOT / 'notebooks', folder, ignore=shutil.ignore_patterns('.ipynb_checkpoints'))
         with sync_playwright() as p:
             try:
-                browser = p.chromium.launch(executable_path=chromium, args=['--no-sandbox']) \
-                    if chromium else p.chromium.launch()
+                browser = (
+                    p.chromium.launch(executable_path=chromium, args=['--no-sandbox'])
+                    if chromium
+                    else p.chromium.launch()
+                )
             except Exception as e:
-                sys.exit(f'labcheck could not start Chromium ({str(e).splitlines()[0]}): install '
-                         'one (apt-get install chromium, or playwright install chromium)')
+                sys.exit(
+                    f'labcheck could not start Chromium ({str(e).splitlines()[0]}): install '
+                    'one (apt-get install chromium, or playwright install chromium)'
+                )
             lab = Lab(folder, browser)
             try:
                 results = [check_one(lab, n, args.interrupt, shots) for n in notebooks]

@@ -7,6 +7,7 @@ this is the same step on CUDA (bf16 compute, fp32 reduction, AdamW, full checkpo
 torch's CUDA attention kernels save nothing the CPU one does not), measured over the second
 step with torch.cuda.max_memory_allocated. verify/gpucheck.py compares it with the prediction.
 """
+
 import os
 
 import torch
@@ -45,6 +46,12 @@ torch.cuda.synchronize()
 torch.cuda.reset_peak_memory_stats()
 step()
 torch.cuda.synchronize()
-emit_result(cfg=CFG, batch=BATCH, seq_len=SEQ, ac=AC, world_size=dist.get_world_size(),
-            max_allocated=torch.cuda.max_memory_allocated())
+emit_result(
+    cfg=CFG,
+    batch=BATCH,
+    seq_len=SEQ,
+    ac=AC,
+    world_size=dist.get_world_size(),
+    max_allocated=torch.cuda.max_memory_allocated(),
+)
 dist.destroy_process_group()

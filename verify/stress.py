@@ -15,6 +15,7 @@ on) is reported, then ended; the run's TMPDIR must be empty, and the repository
 must have no new untracked file.
 Exit status 0 only when every run passed and nothing was left.
 """
+
 import argparse
 import glob
 import os
@@ -37,13 +38,13 @@ MARK = 'D2LPAR_STRESS_RUN'  # carried by every process a run starts, so leftover
 
 def default_notebooks():
     return sorted(glob.glob(str(ROOT / 'notebooks' / '[0-9]*.ipynb'))) + sorted(
-        glob.glob(str(ROOT / 'notebooks' / 'solutions' / '[0-9]*.ipynb')))
+        glob.glob(str(ROOT / 'notebooks' / 'solutions' / '[0-9]*.ipynb'))
+    )
 
 
 def start_load(count):
     """Start `count` processes that keep one core busy each."""
-    return [subprocess.Popen([sys.executable, '-c', SPIN], start_new_session=True)
-            for _ in range(count)]
+    return [subprocess.Popen([sys.executable, '-c', SPIN], start_new_session=True) for _ in range(count)]
 
 
 def stop_load(procs):
@@ -98,8 +99,9 @@ def left_running(run_id):
 
 def untracked_files():
     """Return the files git does not track and does not ignore."""
-    out = subprocess.run(['git', 'ls-files', '--others', '--exclude-standard'], cwd=ROOT,
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ['git', 'ls-files', '--others', '--exclude-standard'], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
     return set(out.splitlines())
 
 
@@ -127,9 +129,15 @@ def run_once(notebook, timeout, run_id):
         env = dict(os.environ, TMPDIR=scratch, **{MARK: run_id})
         start = time.monotonic()
         try:
-            done = subprocess.run([sys.executable, '-m', 'pytest', notebook, '-q',
-                                   f'--junitxml={report}'], cwd=ROOT, capture_output=True,
-                                  text=True, timeout=timeout, env=env, start_new_session=True)
+            done = subprocess.run(
+                [sys.executable, '-m', 'pytest', notebook, '-q', f'--junitxml={report}'],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                env=env,
+                start_new_session=True,
+            )
             problems = failures_in(report)
             if done.returncode != 0 and not problems:
                 tail = (done.stdout + done.stderr).strip().splitlines()[-1:] or ['?']
@@ -140,8 +148,7 @@ def run_once(notebook, timeout, run_id):
         seconds = time.monotonic() - start
         time.sleep(1)  # a kernel that is ending gets a moment
         running = left_running(run_id)
-        leftovers = [f'process {pid} ({cmd}) listening on {ports or "no port"}'
-                     for pid, cmd, ports in running]
+        leftovers = [f'process {pid} ({cmd}) listening on {ports or "no port"}' for pid, cmd, ports in running]
         for pid, _, _ in running:  # end them, so the next run starts clean
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -150,10 +157,12 @@ def run_once(notebook, timeout, run_id):
         deadline = time.monotonic() + 5  # SIGKILL is delivered when the process next runs
         while any(_alive(pid) for pid, _, _ in running) and time.monotonic() < deadline:
             time.sleep(0.05)
-        leftovers += [f'file {os.path.join("$TMPDIR", name)}' for name in os.listdir(scratch)
-                      if not name.startswith(KEPT_ON_PURPOSE)]
+        leftovers += [
+            f'file {os.path.join("$TMPDIR", name)}'
+            for name in os.listdir(scratch)
+            if not name.startswith(KEPT_ON_PURPOSE)
+        ]
         return passed, seconds, problems, leftovers
-
 
 
 def _alive(pid):
@@ -169,10 +178,12 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('notebooks', nargs='*', help='default: every notebook and solution')
     parser.add_argument('--runs', type=int, default=5, help='runs of each notebook (default 5)')
-    parser.add_argument('--load', type=int, default=os.cpu_count() or 1,
-                        help='busy processes beside the runs (default: one per core)')
-    parser.add_argument('--timeout', type=float, default=900,
-                        help='seconds one notebook may take before it counts as failed')
+    parser.add_argument(
+        '--load', type=int, default=os.cpu_count() or 1, help='busy processes beside the runs (default: one per core)'
+    )
+    parser.add_argument(
+        '--timeout', type=float, default=900, help='seconds one notebook may take before it counts as failed'
+    )
     args = parser.parse_args(argv)
     if args.runs < 1 or args.load < 0:
         parser.error('--runs must be at least 1 and --load at least 0')
@@ -185,8 +196,10 @@ def main(argv=None):
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `finally` stops the load
     load = start_load(args.load)
     table = {n: {'passes': 0, 'seconds': [], 'failures': [], 'left': []} for n in notebooks}
-    print(f'stress: {args.runs} run(s) of {len(notebooks)} notebook(s), '
-          f'{args.load} busy process(es) beside them', flush=True)
+    print(
+        f'stress: {args.runs} run(s) of {len(notebooks)} notebook(s), {args.load} busy process(es) beside them',
+        flush=True,
+    )
     try:
         for run in range(1, args.runs + 1):
             for notebook in notebooks:
@@ -198,8 +211,7 @@ def main(argv=None):
                 row['seconds'].append(seconds)
                 row['failures'] += [(run, cell, error) for cell, error in problems]
                 name = os.path.relpath(notebook, ROOT)
-                print(f'run {run}/{args.runs} {name}: {"pass" if passed else "FAIL"} '
-                      f'({seconds:.0f} s)', flush=True)
+                print(f'run {run}/{args.runs} {name}: {"pass" if passed else "FAIL"} ({seconds:.0f} s)', flush=True)
     finally:
         stop_load(load)
 
@@ -209,8 +221,7 @@ def main(argv=None):
     for notebook, row in table.items():
         name = os.path.relpath(notebook, ROOT)
         runs = len(row['seconds'])
-        print(f'{name:{width}} {runs:5} {row["passes"]:7} {sum(row["seconds"]) / runs:7.0f} '
-              f'{max(row["seconds"]):6.0f}')
+        print(f'{name:{width}} {runs:5} {row["passes"]:7} {sum(row["seconds"]) / runs:7.0f} {max(row["seconds"]):6.0f}')
         for run, cell, error in row['failures']:
             print(f'    run {run}: {cell}: {error}')
         for run, what in row['left']:

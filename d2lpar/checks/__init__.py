@@ -4,6 +4,7 @@ d2lpar/checks/nbNN_<name>.py holds the checks of what notebook NN teaches, in a 
 `CHECKS` keyed by the name of the definition it guards ('f' or 'Class.method'); `make lib`
 writes `@checked(CHECKS[name])` above that definition in d2lpar/lessons/nbNN_<name>.py.
 """
+
 import functools
 import inspect
 import math
@@ -15,8 +16,10 @@ import torch.distributed as dist
 def process_group_size(caller):
     """Return the world size of the default process group, or say how to create one."""
     if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError(f'{caller}: no process group; call torch.distributed.'
-                           'init_process_group first (each rank of a script run by torchrun)')
+        raise RuntimeError(
+            f'{caller}: no process group; call torch.distributed.'
+            'init_process_group first (each rank of a script run by torchrun)'
+        )
     return dist.get_world_size()
 
 
@@ -40,21 +43,23 @@ def finite_number(value, name, caller, positive=False):
 def existing_device(device, caller, name='device'):
     """Return `device` as a torch.device, or raise a clear error if it is no device or a missing GPU."""
     if isinstance(device, bool) or isinstance(device, int) and device < 0:
-        raise ValueError(f"{caller}: {name} must be a device such as 'cpu' or 'cuda:0', got "
-                         f'{device!r}')
+        raise ValueError(f"{caller}: {name} must be a device such as 'cpu' or 'cuda:0', got {device!r}")
     try:
         device = torch.device(device)
     except (RuntimeError, TypeError, ValueError, OverflowError) as e:
-        raise TypeError(f"{caller}: {name} must be a device such as 'cpu' or 'cuda:0', got "
-                        f'{device!r} ({str(e).splitlines()[0]})') from None
+        raise TypeError(
+            f"{caller}: {name} must be a device such as 'cpu' or 'cuda:0', got {device!r} ({str(e).splitlines()[0]})"
+        ) from None
     if device.type == 'cuda':
         # As d2lpar.num_gpus: GPUs that CUDA cannot start (a driver too old) count as none.
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0 or (device.index or 0) >= count:
             have = 'no GPU' if count == 0 else f'{count} GPU(s), cuda:0 to cuda:{count - 1}'
-            raise ValueError(f'{caller}: {name} {device} does not exist: this machine has {have} '
-                             '(d2lpar.num_gpus() counts them, nvidia-smi lists them). Use '
-                             "d2lpar.try_gpu(i), which falls back to the CPU, or 'cpu'")
+            raise ValueError(
+                f'{caller}: {name} {device} does not exist: this machine has {have} '
+                '(d2lpar.num_gpus() counts them, nvidia-smi lists them). Use '
+                "d2lpar.try_gpu(i), which falls back to the CPU, or 'cpu'"
+            )
     return device
 
 
@@ -67,6 +72,7 @@ def checked(check):
     ValueError that names what was wrong; if it returns a pair (args, kwargs),
     the function is called with those instead (e.g. devices made torch.device).
     """
+
     def decorate(fn):
         signature = inspect.signature(fn)
         name, shown = fn.__qualname__, signature
@@ -86,5 +92,7 @@ def checked(check):
             if normalized is not None:
                 args, kwargs = normalized
             return fn(*args, **kwargs)
+
         return run_checked
+
     return decorate

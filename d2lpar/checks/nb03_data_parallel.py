@@ -4,6 +4,7 @@ Each check takes the same arguments as the function it guards and raises a TypeE
 ValueError naming the function and what to do; CHECKS maps the definition's name to it, and
 `make lib` writes `@checked(CHECKS[name])` above that definition in the lesson module.
 """
+
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -42,8 +43,7 @@ def _as_arguments(inputs, caller):
     if isinstance(inputs, torch.Tensor):
         return (inputs,)
     if not isinstance(inputs, (tuple, list)):
-        raise TypeError(f'{caller}: inputs must be a tensor or a tuple of arguments, '
-                        f'got {type(inputs).__name__}')
+        raise TypeError(f'{caller}: inputs must be a tensor or a tuple of arguments, got {type(inputs).__name__}')
     return tuple(inputs)
 
 
@@ -52,28 +52,37 @@ def _check_scatter_inputs(inputs, devices, dim=0):
     devices = _normalize_devices(devices, 'scatter_inputs')
     k = len(devices)
     if not any(isinstance(arg, torch.Tensor) for arg in inputs):
-        raise ValueError('scatter_inputs: inputs hold no tensor to split; pass the batch as a '
-                         'tensor (other arguments go to every replica unchanged)')
+        raise ValueError(
+            'scatter_inputs: inputs hold no tensor to split; pass the batch as a '
+            'tensor (other arguments go to every replica unchanged)'
+        )
     for i, arg in enumerate(inputs):
         if not isinstance(arg, torch.Tensor):
             continue
         if arg.dim() == 0:
-            raise ValueError(f'scatter_inputs: inputs[{i}] is a 0-dim tensor and cannot be '
-                             'split; give it a batch dimension first')
+            raise ValueError(
+                f'scatter_inputs: inputs[{i}] is a 0-dim tensor and cannot be split; give it a batch dimension first'
+            )
         if not -arg.dim() <= dim < arg.dim():
-            raise ValueError(f'scatter_inputs: dim={dim} does not exist in inputs[{i}] of shape '
-                             f'{tuple(arg.shape)}; use a dim in [0, {arg.dim()})')
+            raise ValueError(
+                f'scatter_inputs: dim={dim} does not exist in inputs[{i}] of shape '
+                f'{tuple(arg.shape)}; use a dim in [0, {arg.dim()})'
+            )
         n = arg.shape[dim]
         if n < k:
-            raise ValueError(f'scatter_inputs: {n} rows of inputs[{i}] cannot be split across '
-                             f'{k} devices; use a batch of at least {k} rows or fewer devices')
+            raise ValueError(
+                f'scatter_inputs: {n} rows of inputs[{i}] cannot be split across '
+                f'{k} devices; use a batch of at least {k} rows or fewer devices'
+            )
         parts = -(-n // k)  # torch.chunk makes parts of ceil(n/k) rows ...
         if -(-n // parts) < k:  # ... which can run out early: 5 rows, 4 devices -> 2+2+1
             # nn.DataParallel would quietly use fewer devices; saying so is better than
             # changing the experiment.
-            raise ValueError(f'scatter_inputs: torch.chunk splits {n} rows of inputs[{i}] into '
-                             f'only {-(-n // parts)} parts for {k} devices, leaving a device '
-                             f'idle; use a batch size that is a multiple of {k}')
+            raise ValueError(
+                f'scatter_inputs: torch.chunk splits {n} rows of inputs[{i}] into '
+                f'only {-(-n // parts)} parts for {k} devices, leaving a device '
+                f'idle; use a batch size that is a multiple of {k}'
+            )
     return (inputs, devices, dim), {}
 
 
@@ -83,21 +92,27 @@ def _check_replicate(net, devices):
     tensors = {**dict(net.named_parameters()), **dict(net.named_buffers())}
     for name, t in tensors.items():
         if t.device != devices[0]:
-            raise ValueError(f'replicate: the module must live on devices[0] = {devices[0]}, '
-                             f'but {name!r} is on {t.device}; call net.to({str(devices[0])!r}) '
-                             f'(before or after wrapping, but before the forward pass)')
+            raise ValueError(
+                f'replicate: the module must live on devices[0] = {devices[0]}, '
+                f'but {name!r} is on {t.device}; call net.to({str(devices[0])!r}) '
+                f'(before or after wrapping, but before the forward pass)'
+            )
     return (net, devices), {}
 
 
 def _check_parallel_apply(replicas, inputs):
     replicas, inputs = list(replicas), list(inputs)
     if len(replicas) != len(inputs):
-        raise ValueError(f'parallel_apply: {len(replicas)} replicas but {len(inputs)} inputs; '
-                         'pass one tuple of arguments per replica (see scatter_inputs)')
+        raise ValueError(
+            f'parallel_apply: {len(replicas)} replicas but {len(inputs)} inputs; '
+            'pass one tuple of arguments per replica (see scatter_inputs)'
+        )
     for k, r in enumerate(replicas):
         if not callable(r) or not isinstance(getattr(r, 'device', None), torch.device):
-            raise TypeError(f'parallel_apply: replicas[{k}] is a {type(r).__name__}, not a '
-                            'replica with a device; make the replicas with replicate(net, devices)')
+            raise TypeError(
+                f'parallel_apply: replicas[{k}] is a {type(r).__name__}, not a '
+                'replica with a device; make the replicas with replicate(net, devices)'
+            )
     return (replicas, [args if isinstance(args, tuple) else (args,) for args in inputs]), {}
 
 
@@ -109,28 +124,37 @@ def _check_gatherable(outputs, where='outputs'):
         if any(not isinstance(o, torch.Tensor) for o in outputs):
             raise TypeError('gather: replicas returned a mix of tensors and other objects')
         if len({o.dim() == 0 for o in outputs}) > 1:
-            raise ValueError(f'gather: some replicas returned scalars in {where} and some '
-                             'did not; return the same kind of tensor from every replica')
+            raise ValueError(
+                f'gather: some replicas returned scalars in {where} and some '
+                'did not; return the same kind of tensor from every replica'
+            )
     elif isinstance(first, (Mapping, tuple, list)):
-        if any(type(o) is not type(first) or len(o) != len(first)
-               or (isinstance(first, Mapping) and set(o) != set(first)) for o in outputs):
-            raise TypeError(f'gather: the replicas returned {where} of different types or '
-                            'lengths; every replica must return the same structure')
-        for key in (first if isinstance(first, Mapping) else range(len(first))):
+        if any(
+            type(o) is not type(first) or len(o) != len(first) or (isinstance(first, Mapping) and set(o) != set(first))
+            for o in outputs
+        ):
+            raise TypeError(
+                f'gather: the replicas returned {where} of different types or '
+                'lengths; every replica must return the same structure'
+            )
+        for key in first if isinstance(first, Mapping) else range(len(first)):
             _check_gatherable([o[key] for o in outputs], f'{where}[{key!r}]')
     elif first is None:
         if any(o is not None for o in outputs):
-            raise TypeError(f'gather: some replicas returned None in {where} and some did not; '
-                            'return the same kind of output from every replica')
+            raise TypeError(
+                f'gather: some replicas returned None in {where} and some did not; '
+                'return the same kind of output from every replica'
+            )
     else:
-        raise TypeError(f'gather: cannot gather outputs of type {type(first).__name__}; '
-                        'return tensors (or tuples, lists, dicts of tensors) from the module')
+        raise TypeError(
+            f'gather: cannot gather outputs of type {type(first).__name__}; '
+            'return tensors (or tuples, lists, dicts of tensors) from the module'
+        )
 
 
 def _check_gather(outputs, output_device, dim=0):
     if isinstance(outputs, (torch.Tensor, str)) or not isinstance(outputs, (list, tuple)):
-        raise TypeError(f'gather: outputs must be a list with one output per replica, got '
-                        f'{type(outputs).__name__}')
+        raise TypeError(f'gather: outputs must be a list with one output per replica, got {type(outputs).__name__}')
     outputs = list(outputs)
     output_device = existing_device(output_device, 'gather', 'output_device')
     _check_gatherable(outputs)
@@ -153,12 +177,13 @@ def _check_hand_data_parallel(self, module, devices, output_device=None, dim=0):
 
 def _check_save_checkpoint(state_dict, path):
     if not isinstance(state_dict, Mapping):
-        raise TypeError(f'save_checkpoint: expected a state_dict (a mapping), got '
-                        f'{type(state_dict).__name__}; save net.state_dict(), not the net')
+        raise TypeError(
+            f'save_checkpoint: expected a state_dict (a mapping), got '
+            f'{type(state_dict).__name__}; save net.state_dict(), not the net'
+        )
     path = Path(path)
     if not path.parent.is_dir():
-        raise ValueError(f'save_checkpoint: the folder {path.parent} does not exist; '
-                         'create it first')
+        raise ValueError(f'save_checkpoint: the folder {path.parent} does not exist; create it first')
     return (state_dict, path), {}
 
 
@@ -172,8 +197,7 @@ def _check_load_state_dict_flexible(net, state_dict, prefix='module.'):
     # so a checkpoint that does not fit is refused here, before anything is copied.
     _check_module(net, 'load_state_dict_flexible')
     if not isinstance(state_dict, Mapping):
-        raise TypeError(f'load_state_dict_flexible: expected a state_dict (a mapping), got '
-                        f'{type(state_dict).__name__}')
+        raise TypeError(f'load_state_dict_flexible: expected a state_dict (a mapping), got {type(state_dict).__name__}')
     expected = net.state_dict()
 
     def prefixed(keys):
@@ -183,18 +207,23 @@ def _check_load_state_dict_flexible(net, state_dict, prefix='module.'):
     if wants and not has:
         keys = {prefix + k: k for k in state_dict}
     elif has and not wants:
-        keys = {k[len(prefix):]: k for k in state_dict}
+        keys = {k[len(prefix) :]: k for k in state_dict}
     else:
         keys = {k: k for k in state_dict}
     missing = sorted(set(expected) - set(keys))
     unexpected = sorted(set(keys) - set(expected))
-    mismatched = [f'{k} {tuple(state_dict[keys[k]].shape)} != {tuple(v.shape)}'
-                  for k, v in expected.items() if k in keys
-                  and isinstance(v, torch.Tensor) and isinstance(state_dict[keys[k]], torch.Tensor)
-                  and state_dict[keys[k]].shape != v.shape]
+    mismatched = [
+        f'{k} {tuple(state_dict[keys[k]].shape)} != {tuple(v.shape)}'
+        for k, v in expected.items()
+        if k in keys
+        and isinstance(v, torch.Tensor)
+        and isinstance(state_dict[keys[k]], torch.Tensor)
+        and state_dict[keys[k]].shape != v.shape
+    ]
     if missing or unexpected or mismatched:
-        lines = [f'load_state_dict_flexible: the checkpoint does not fit this '
-                 f'{type(net).__name__}; nothing was loaded:']
+        lines = [
+            f'load_state_dict_flexible: the checkpoint does not fit this {type(net).__name__}; nothing was loaded:'
+        ]
         if missing:
             lines.append(_listing('missing keys', missing))
         if unexpected:

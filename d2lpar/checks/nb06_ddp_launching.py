@@ -4,6 +4,7 @@ Each check takes the same arguments as the function it guards and raises a TypeE
 ValueError naming the function and what to do; CHECKS maps the definition's name to it, and
 `make lib` writes `@checked(CHECKS[name])` above that definition in the lesson module.
 """
+
 import os
 
 from d2lpar.checks.nb05_ddp import _check_train

@@ -4,6 +4,7 @@ Each check takes the same arguments as the function it guards and raises a TypeE
 ValueError naming the function and what to do; CHECKS maps the definition's name to it, and
 `make lib` writes `@checked(CHECKS[name])` above that definition in the lesson module.
 """
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -17,9 +18,11 @@ def _tensor(caller, tensor, name='tensor'):
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f'{caller}: expected a tensor, got {type(tensor).__name__}')
     if not tensor.is_contiguous():
-        raise ValueError(f'{caller}: {name} is not contiguous, so it cannot be sent or received '
-                         f'in place; pass t = {name}.contiguous() and copy the result back '
-                         f'with {name}.copy_(t)')
+        raise ValueError(
+            f'{caller}: {name} is not contiguous, so it cannot be sent or received '
+            f'in place; pass t = {name}.contiguous() and copy the result back '
+            f'with {name}.copy_(t)'
+        )
 
 
 def _rank(caller, name, value, world_size):
@@ -29,8 +32,10 @@ def _rank(caller, name, value, world_size):
 
 def _op(caller, op):
     if op == dist.ReduceOp.AVG:
-        raise ValueError(f'{caller}: ReduceOp.AVG is not supported (gloo has an open correctness '
-                         'report on it); reduce with ReduceOp.SUM, then divide by the world size')
+        raise ValueError(
+            f'{caller}: ReduceOp.AVG is not supported (gloo has an open correctness '
+            'report on it); reduce with ReduceOp.SUM, then divide by the world size'
+        )
     if not any(op == known for known in _OPS):
         raise ValueError(f'{caller}: op must be ReduceOp.SUM, PRODUCT, MIN or MAX, got {op!r}')
 
@@ -40,18 +45,23 @@ def _tensors(caller, name, tensors, world_size, like=None):
     if isinstance(tensors, torch.Tensor) or not isinstance(tensors, (list, tuple)):
         raise TypeError(f'{caller}: {name} must be a list of {world_size} tensors, one per rank')
     if len(tensors) != world_size:
-        raise ValueError(f'{caller}: {name} holds {len(tensors)} tensors for a world of '
-                         f'{world_size} ranks; pass one per rank')
+        raise ValueError(
+            f'{caller}: {name} holds {len(tensors)} tensors for a world of {world_size} ranks; pass one per rank'
+        )
     for i, t in enumerate(tensors):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f'{caller}: {name}[{i}] is a {type(t).__name__}, not a tensor')
         if like is not None and (t.shape != like.shape or t.dtype != like.dtype):
-            raise ValueError(f'{caller}: {name}[{i}] has shape {tuple(t.shape)} and dtype '
-                             f'{t.dtype}, expected {tuple(like.shape)} and {like.dtype} '
-                             'like the tensor')
+            raise ValueError(
+                f'{caller}: {name}[{i}] has shape {tuple(t.shape)} and dtype '
+                f'{t.dtype}, expected {tuple(like.shape)} and {like.dtype} '
+                'like the tensor'
+            )
         if not t.is_contiguous():
-            raise ValueError(f'{caller}: {name}[{i}] is not contiguous, so it cannot be received '
-                             'into; allocate it with torch.empty_like(tensor)')
+            raise ValueError(
+                f'{caller}: {name}[{i}] is not contiguous, so it cannot be received '
+                'into; allocate it with torch.empty_like(tensor)'
+            )
 
 
 def _check_combine(a, b, op=dist.ReduceOp.SUM):
@@ -100,6 +110,7 @@ def _check_allreduce(caller):
         process_group_size(caller)
         _tensor(caller, tensor)
         _op(caller, op)
+
     return check
 
 
@@ -127,17 +138,19 @@ def _check_wrap(self, module, *args, **kwargs):
 
 
 def _check_make_buckets(params, bucket_cap_mb):
-    if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)) \
-            or not bucket_cap_mb > 0:
-        raise ValueError(f'bucket_cap_mb must be a positive number of MB '
-                         f'(math.inf for one bucket), got {bucket_cap_mb!r}')
+    if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)) or not bucket_cap_mb > 0:
+        raise ValueError(
+            f'bucket_cap_mb must be a positive number of MB (math.inf for one bucket), got {bucket_cap_mb!r}'
+        )
     params = list(params)
     if not params:
         raise ValueError('make_buckets: no parameters to put in buckets')
     if len({(p.dtype, p.device) for p in params}) > 1:
-        raise ValueError('make_buckets: the parameters have several dtypes or devices '
-                         f'{sorted({(str(p.dtype), str(p.device)) for p in params})}; a bucket is '
-                         'one flat tensor, so give the module one dtype and one device')
+        raise ValueError(
+            'make_buckets: the parameters have several dtypes or devices '
+            f'{sorted({(str(p.dtype), str(p.device)) for p in params})}; a bucket is '
+            'one flat tensor, so give the module one dtype and one device'
+        )
     return (params, bucket_cap_mb), {}
 
 
@@ -155,19 +168,22 @@ def _check_bucket_ddp(self, module, bucket_cap_mb=25):
 
 def _check_grad_ready(self, p):
     if id(p) in self.ready:
-        raise RuntimeError(f'{type(self).__name__}: a second backward before finish_sync(); call '
-                           'finish_sync() after every backward (no gradient accumulation)')
+        raise RuntimeError(
+            f'{type(self).__name__}: a second backward before finish_sync(); call '
+            'finish_sync() after every backward (no gradient accumulation)'
+        )
 
 
 def _check_finish_sync(self):
-    missing = {id(p) for bucket in self.buckets[self.launched:] for p in bucket
-               if id(p) not in self.ready}
+    missing = {id(p) for bucket in self.buckets[self.launched :] for p in bucket if id(p) not in self.ready}
     if missing:
         self.ready, self.launched = set(), 0  # so that the next step starts clean
         names = [n for n, p in self.module.named_parameters() if id(p) in missing]
-        raise RuntimeError(f'{type(self).__name__}: no gradient reached {names} '
-                           'in this backward; every parameter must take part in the loss '
-                           '(or set requires_grad=False before wrapping)')
+        raise RuntimeError(
+            f'{type(self).__name__}: no gradient reached {names} '
+            'in this backward; every parameter must take part in the loss '
+            '(or set requires_grad=False before wrapping)'
+        )
 
 
 CHECKS = {

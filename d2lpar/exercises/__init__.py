@@ -7,6 +7,7 @@ checker never raises because of the answer: a wrong result, a function that
 raises, and a stub that still raises NotImplementedError (reported as "not
 attempted yet") all become verdicts with a message and a hint.
 """
+
 from ._verdict import Verdict
 from .capstone import check_choose_layout
 from .collectives import check_broadcast_schedule
@@ -26,10 +27,24 @@ from .single_device import check_pick_device
 from .tensor_parallel import check_row_parallel_linear
 from .visible_devices import check_visible_count
 
-__all__ = ['Verdict', 'check_pick_device', 'check_visible_count', 'check_load_checkpoint',
-           'check_unbalanced_bubble', 'check_sampler', 'check_ring_allreduce',
-           'check_split_batch', 'check_broadcast_schedule', 'check_zero2_hook',
-           'check_shard_rows',
-           'check_slurm_ranks', 'check_accumulation', 'check_row_parallel_linear',
-           'check_interleaved_stages', 'check_online_softmax_merge', 'check_choose_layout',
-           'check_checkpoint_interval', 'check_largest_batch']
+__all__ = [
+    'Verdict',
+    'check_pick_device',
+    'check_visible_count',
+    'check_load_checkpoint',
+    'check_unbalanced_bubble',
+    'check_sampler',
+    'check_ring_allreduce',
+    'check_split_batch',
+    'check_broadcast_schedule',
+    'check_zero2_hook',
+    'check_shard_rows',
+    'check_slurm_ranks',
+    'check_accumulation',
+    'check_row_parallel_linear',
+    'check_interleaved_stages',
+    'check_online_softmax_merge',
+    'check_choose_layout',
+    'check_checkpoint_interval',
+    'check_largest_batch',
+]

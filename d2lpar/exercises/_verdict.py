@@ -1,4 +1,5 @@
 """Verdicts, and the wrapper that turns a checking body into a checker that never raises."""
+
 import random
 
 import torch
@@ -41,12 +42,17 @@ class _NotAttempted(Exception):
 
 def _checker(exercise, expects):
     """Turn `body(fn, rng)`, which raises _Fail on a wrong answer, into a checker."""
+
     def wrap(body):
         def check(fn, seed=None):
             if not callable(fn):
-                return Verdict(exercise, 'failed', f'pass your {expects} itself to the checker, '
-                               f'not a {type(fn).__name__} (e.g. check(my_function), '
-                               f'not check(my_function()))')
+                return Verdict(
+                    exercise,
+                    'failed',
+                    f'pass your {expects} itself to the checker, '
+                    f'not a {type(fn).__name__} (e.g. check(my_function), '
+                    f'not check(my_function()))',
+                )
             if seed is None:
                 seed = random.Random().randrange(2**31)  # a fresh instance: no global state used
             rng = random.Random(seed)
@@ -56,20 +62,29 @@ def _checker(exercise, expects):
                 with torch.random.fork_rng(devices=[]):
                     summary = body(fn, rng)
             except _NotAttempted:
-                return Verdict(exercise, 'not attempted',
-                               f'your {expects} still raises NotImplementedError: fill it in '
-                               'and run this cell again.')
+                return Verdict(
+                    exercise,
+                    'not attempted',
+                    f'your {expects} still raises NotImplementedError: fill it in and run this cell again.',
+                )
             except _Fail as e:
-                return Verdict(exercise, 'failed',
-                               f'{e}\n(These cases come from seed={seed}: pass seed={seed} to '
-                               'the checker to repeat them.)')
+                return Verdict(
+                    exercise,
+                    'failed',
+                    f'{e}\n(These cases come from seed={seed}: pass seed={seed} to the checker to repeat them.)',
+                )
             except Exception as e:  # an answer so odd that the comparison itself broke
-                return Verdict(exercise, 'failed', f'the checker could not use what your '
-                               f'{expects} gave back: {type(e).__name__}: {e}')
+                return Verdict(
+                    exercise,
+                    'failed',
+                    f'the checker could not use what your {expects} gave back: {type(e).__name__}: {e}',
+                )
             return Verdict(exercise, 'passed', summary)
+
         check.__name__ = check.__qualname__ = body.__name__
         check.__doc__, check.__module__ = body.__doc__, body.__module__
         return check
+
     return wrap
 
 
@@ -82,8 +97,7 @@ def _call(fn, args, case, first=False, kwargs=None, hint=None):
             raise _NotAttempted() from None
         raise _Fail(f'{case}: your code raised NotImplementedError({e}); finish it.') from None
     except Exception as e:
-        raise _Fail(f'{case}: your code raised {type(e).__name__}: {e}'
-                    + (f'\nHint: {hint}' if hint else '')) from None
+        raise _Fail(f'{case}: your code raised {type(e).__name__}: {e}' + (f'\nHint: {hint}' if hint else '')) from None
 
 
 def _shape(t):

@@ -1,32 +1,49 @@
 """Checker of notebook 17: the fastest layout that fits, by notebook 16's predictor."""
+
 import itertools
 
 from ..scale import predict
 from ._verdict import _call, _checker, _Fail
 
 _DIMS = ('pp', 'fsdp', 'tp')
-_RULE = ('try every layout dict(pp=, fsdp=, tp=) whose degrees multiply to gpus, with pp dividing '
-         "cfg['n_layers'] and fsdp dividing num_seqs; predict each with local_batch = num_seqs // fsdp "
-         "(and microbatches = local_batch when pp > 1), ac='selective'; keep those whose predicted "
-         "['peak'] is at most memory_limit and return the one with the smallest ['step_s'].")
+_RULE = (
+    'try every layout dict(pp=, fsdp=, tp=) whose degrees multiply to gpus, with pp dividing '
+    "cfg['n_layers'] and fsdp dividing num_seqs; predict each with local_batch = num_seqs // fsdp "
+    "(and microbatches = local_batch when pp > 1), ac='selective'; keep those whose predicted "
+    "['peak'] is at most memory_limit and return the one with the smallest ['step_s']."
+)
 _SHAPES = [  # Llama-like models: (dim, n_layers, n_heads, n_kv_heads, hidden, vocab)
-    (2048, 24, 16, 16, 5632, 32000), (4096, 32, 32, 32, 11008, 32000), (4096, 32, 32, 8, 14336, 128256),
-    (5120, 40, 40, 40, 13824, 32000)]
+    (2048, 24, 16, 16, 5632, 32000),
+    (4096, 32, 32, 32, 11008, 32000),
+    (4096, 32, 32, 8, 14336, 128256),
+    (5120, 40, 40, 40, 13824, 32000),
+]
 
 
 def predict_layout(cfg, gpus, num_seqs, seq_len, layout):
     """Return scale.predict's answer for `layout` (degrees pp, fsdp, tp) and a global batch of num_seqs."""
     local_batch = num_seqs // layout['fsdp']
-    return predict(cfg, gpus, local_batch, seq_len, ac='selective', tp=layout['tp'], pp=layout['pp'],
-                   microbatches=local_batch if layout['pp'] > 1 else None)
+    return predict(
+        cfg,
+        gpus,
+        local_batch,
+        seq_len,
+        ac='selective',
+        tp=layout['tp'],
+        pp=layout['pp'],
+        microbatches=local_batch if layout['pp'] > 1 else None,
+    )
 
 
 def _layouts(cfg, gpus, num_seqs):
     divisors = [d for d in range(1, gpus + 1) if gpus % d == 0]
     for degrees in itertools.product(divisors, repeat=3):
         layout = dict(zip(_DIMS, degrees))
-        if (degrees[0] * degrees[1] * degrees[2] == gpus and cfg['n_layers'] % layout['pp'] == 0
-                and num_seqs % layout['fsdp'] == 0):
+        if (
+            degrees[0] * degrees[1] * degrees[2] == gpus
+            and cfg['n_layers'] % layout['pp'] == 0
+            and num_seqs % layout['fsdp'] == 0
+        ):
             yield layout
 
 
@@ -66,13 +83,19 @@ def check_choose_layout(choose_layout, rng):
         if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in got.values()):
             raise _Fail(f'{case}: the degrees must be positive ints, got {got}.')
         if got not in list(_layouts(cfg, gpus, num_seqs)):
-            raise _Fail(f'{case}: {got} is no layout of {gpus} GPUs with whole stages and whole sequences '
-                        f'per FSDP rank.\nHint: {_RULE}')
+            raise _Fail(
+                f'{case}: {got} is no layout of {gpus} GPUs with whole stages and whole sequences '
+                f'per FSDP rank.\nHint: {_RULE}'
+            )
         mine, theirs = (predict_layout(cfg, gpus, num_seqs, seq_len, layout) for layout in (got, best))
         if mine['peak'] > limit:
-            raise _Fail(f'{case}: {got} needs {mine["peak"]:.4g} bytes per GPU, more than the limit.'
-                        '\nHint: keep only layouts whose predicted peak fits.')
+            raise _Fail(
+                f'{case}: {got} needs {mine["peak"]:.4g} bytes per GPU, more than the limit.'
+                '\nHint: keep only layouts whose predicted peak fits.'
+            )
         if mine['step_s'] > theirs['step_s']:
-            raise _Fail(f'{case}: {got} fits but its step takes {mine["step_s"]:.3f} s; another layout '
-                        f'that fits takes {theirs["step_s"]:.3f} s.\nHint: {_RULE}')
+            raise _Fail(
+                f'{case}: {got} fits but its step takes {mine["step_s"]:.3f} s; another layout '
+                f'that fits takes {theirs["step_s"]:.3f} s.\nHint: {_RULE}'
+            )
     return 'the fastest layout that fits, on every case.'

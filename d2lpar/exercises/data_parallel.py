@@ -1,6 +1,5 @@
 """Checker of notebook 3: loading a DataParallel checkpoint."""
 
-
 import torch
 from torch import nn
 
@@ -23,10 +22,13 @@ class _Block(nn.Module):
 def _nets(rng):
     """Return (name, factory) pairs: fresh nets of the same architecture from each factory."""
     hidden = rng.randint(3, 9)
-    return [('nn.Sequential(Linear, BatchNorm1d, ReLU, Linear)',
-             lambda h=hidden: nn.Sequential(nn.Linear(5, h), nn.BatchNorm1d(h), nn.ReLU(),
-                                            nn.Linear(h, 2))),
-            ('a net with a layer named `submodule`', lambda h=hidden: _Block(h))]
+    return [
+        (
+            'nn.Sequential(Linear, BatchNorm1d, ReLU, Linear)',
+            lambda h=hidden: nn.Sequential(nn.Linear(5, h), nn.BatchNorm1d(h), nn.ReLU(), nn.Linear(h, 2)),
+        ),
+        ('a net with a layer named `submodule`', lambda h=hidden: _Block(h)),
+    ]
 
 
 def _trained_state(make, generator):
@@ -65,42 +67,57 @@ def check_load_checkpoint(load_checkpoint, rng):
         wrapped = nn.DataParallel(source).state_dict()  # keys 'module.xxx', PyTorch's own
         for kind, checkpoint in [('nn.DataParallel', wrapped), ('plain', reference)]:
             case = f'{"an" if kind[0] == "n" else "a"} {kind} checkpoint of {name}'
-            hint = ('this checkpoint fits the net, so it must load. If the error lists keys '
-                    "such as 'subweight', .replace('module.', '') also cut 'module.' out of the "
-                    "middle of a name ('submodule.weight'); if it lists 'coder.weight', "
-                    ".lstrip('module.') removed every leading m, o, d, u, l, e and '.' (it takes "
-                    "a set of characters, not a prefix). Strip only a leading 'module.'."
-                    if kind == 'nn.DataParallel' else
-                    "a checkpoint saved from the plain net has no 'module.' prefix: strip the "
-                    'prefix only when the keys have it, and load a plain checkpoint as it is.')
-            net, before = _load_into_fresh(load_checkpoint, make, dict(checkpoint), case, first,
-                                           hint)
+            hint = (
+                'this checkpoint fits the net, so it must load. If the error lists keys '
+                "such as 'subweight', .replace('module.', '') also cut 'module.' out of the "
+                "middle of a name ('submodule.weight'); if it lists 'coder.weight', "
+                ".lstrip('module.') removed every leading m, o, d, u, l, e and '.' (it takes "
+                "a set of characters, not a prefix). Strip only a leading 'module.'."
+                if kind == 'nn.DataParallel'
+                else "a checkpoint saved from the plain net has no 'module.' prefix: strip the "
+                'prefix only when the keys have it, and load a plain checkpoint as it is.'
+            )
+            net, before = _load_into_fresh(load_checkpoint, make, dict(checkpoint), case, first, hint)
             first = False
             after = net.state_dict()
             if set(after) != set(reference):
-                raise _Fail(f'{case}: the net now has the keys {sorted(after)}, expected '
-                            f'{sorted(reference)}. Load into the net you are given; do not '
-                            'wrap it or rename its layers.')
-            unchanged = [k for k in reference if torch.equal(after[k].cpu(), before[k].cpu())
-                         and not torch.equal(before[k].cpu(), reference[k].cpu())]
+                raise _Fail(
+                    f'{case}: the net now has the keys {sorted(after)}, expected '
+                    f'{sorted(reference)}. Load into the net you are given; do not '
+                    'wrap it or rename its layers.'
+                )
+            unchanged = [
+                k
+                for k in reference
+                if torch.equal(after[k].cpu(), before[k].cpu()) and not torch.equal(before[k].cpu(), reference[k].cpu())
+            ]
             wrong = [k for k in reference if not torch.equal(after[k].cpu(), reference[k].cpu())]
             if unchanged and len(unchanged) == len(wrong):
-                hint = (("its keys start with 'module.' (the wrapper's attribute), the net's do "
-                         "not: strip that leading prefix. With strict=False, load_state_dict "
-                         "skips every key that does not match without a word, which is why "
-                         "nothing told you.") if kind == 'nn.DataParallel' else
-                        'a plain checkpoint has no prefix to strip: load its keys as they are.')
-                raise _Fail(f'{case}: nothing was loaded into {unchanged[:3]}'
-                            f'{" ..." if len(unchanged) > 3 else ""}: the weights did not '
-                            f'change. Hint: {hint}')
+                hint = (
+                    (
+                        "its keys start with 'module.' (the wrapper's attribute), the net's do "
+                        "not: strip that leading prefix. With strict=False, load_state_dict "
+                        "skips every key that does not match without a word, which is why "
+                        "nothing told you."
+                    )
+                    if kind == 'nn.DataParallel'
+                    else 'a plain checkpoint has no prefix to strip: load its keys as they are.'
+                )
+                raise _Fail(
+                    f'{case}: nothing was loaded into {unchanged[:3]}'
+                    f'{" ..." if len(unchanged) > 3 else ""}: the weights did not '
+                    f'change. Hint: {hint}'
+                )
             if wrong:
-                raise _Fail(f'{case}: after loading, {wrong[:3]} differ from the checkpoint. '
-                            'Hint: copy every tensor of the checkpoint, buffers included.')
-        misfits = [('without the key', lambda sd, k: {j: v for j, v in sd.items() if j != k}),
-                   ('with an extra key', lambda sd, k: {**sd, 'module.extra.weight':
-                                                        torch.zeros(2)}),
-                   ('with a wrong shape for', lambda sd, k: {**sd, k: torch.zeros(
-                       sd[k].numel() + 1, dtype=sd[k].dtype)})]
+                raise _Fail(
+                    f'{case}: after loading, {wrong[:3]} differ from the checkpoint. '
+                    'Hint: copy every tensor of the checkpoint, buffers included.'
+                )
+        misfits = [
+            ('without the key', lambda sd, k: {j: v for j, v in sd.items() if j != k}),
+            ('with an extra key', lambda sd, k: {**sd, 'module.extra.weight': torch.zeros(2)}),
+            ('with a wrong shape for', lambda sd, k: {**sd, k: torch.zeros(sd[k].numel() + 1, dtype=sd[k].dtype)}),
+        ]
         for what, damage in misfits:
             # BatchNorm fills in a missing num_batches_tracked itself (old checkpoints lack it).
             key = rng.choice(sorted(k for k in wrapped if not k.endswith('num_batches_tracked')))
@@ -113,10 +130,14 @@ def check_load_checkpoint(load_checkpoint, rng):
                 raise _Fail(f'{case}: your code raised NotImplementedError; finish it.') from None
             except Exception:
                 continue  # refusing is right: any error that stops the load will do
-            raise _Fail(f'{case} loaded without an error, so a checkpoint that does not fit '
-                        'the net would go unnoticed. Hint: strict=False silently ignores '
-                        'missing and unexpected keys; strip the prefix yourself and keep '
-                        'strict=True (the default).')
-    return ('DataParallel and plain checkpoints of 2 nets (one with a layer named '
-            '`submodule`) load exactly, buffers included; checkpoints with a missing or an '
-            'extra key or a wrong shape are refused.')
+            raise _Fail(
+                f'{case} loaded without an error, so a checkpoint that does not fit '
+                'the net would go unnoticed. Hint: strict=False silently ignores '
+                'missing and unexpected keys; strip the prefix yourself and keep '
+                'strict=True (the default).'
+            )
+    return (
+        'DataParallel and plain checkpoints of 2 nets (one with a layer named '
+        '`submodule`) load exactly, buffers included; checkpoints with a missing or an '
+        'extra key or a wrong shape are refused.'
+    )

@@ -1,4 +1,5 @@
 """Checker of notebook 15: the checkpoint interval that wastes the least time."""
+
 import math
 
 from ..fault_tolerance import expected_waste
@@ -13,17 +14,21 @@ SLACK = 1.01
 
 def _hint(answer, checkpoint_cost, mtbf):
     best = math.sqrt(2 * checkpoint_cost * mtbf)
-    for name, value in [('sqrt(C * M)', math.sqrt(checkpoint_cost * mtbf)),
-                        ('2 * C * M', 2 * checkpoint_cost * mtbf),
-                        ('sqrt(2 * M / C)', math.sqrt(2 * mtbf / checkpoint_cost)),
-                        ('M / 2', mtbf / 2), ('C', checkpoint_cost)]:
+    for name, value in [
+        ('sqrt(C * M)', math.sqrt(checkpoint_cost * mtbf)),
+        ('2 * C * M', 2 * checkpoint_cost * mtbf),
+        ('sqrt(2 * M / C)', math.sqrt(2 * mtbf / checkpoint_cost)),
+        ('M / 2', mtbf / 2),
+        ('C', checkpoint_cost),
+    ]:
         if math.isclose(answer, value, rel_tol=1e-6):
-            return (f'your interval equals {name}. Write the waste per second as C / T (writing '
-                    'checkpoints) plus T / (2 M) (on average half an interval is lost per '
-                    'failure, one failure every M seconds), and set its derivative to zero.')
+            return (
+                f'your interval equals {name}. Write the waste per second as C / T (writing '
+                'checkpoints) plus T / (2 M) (on average half an interval is lost per '
+                'failure, one failure every M seconds), and set its derivative to zero.'
+            )
     if answer < best:
-        return ('your interval is too short: you spend more time writing checkpoints than you '
-                'save in lost work.')
+        return 'your interval is too short: you spend more time writing checkpoints than you save in lost work.'
     return 'your interval is too long: each failure throws away too much work.'
 
 
@@ -42,8 +47,7 @@ def check_checkpoint_interval(checkpoint_interval, rng):
         case = f'checkpoint cost C={C:.1f} s, mean time between failures M={M:.0f} s'
         answer = _call(checkpoint_interval, (C, M), case, first=k == 0)
         if isinstance(answer, bool) or not isinstance(answer, (int, float)):
-            raise _Fail(f'{case}: return the interval in seconds as a number, got '
-                        f'{type(answer).__name__}.')
+            raise _Fail(f'{case}: return the interval in seconds as a number, got {type(answer).__name__}.')
         if not (math.isfinite(answer) and answer > 0):
             raise _Fail(f'{case}: the interval must be a positive number of seconds, got {answer}.')
         restart = rng.uniform(0, 2) * C
@@ -51,7 +55,10 @@ def check_checkpoint_interval(checkpoint_interval, rng):
         best = min(expected_waste(T, C, M, restart) for T in grid)
         ours = expected_waste(answer, C, M, restart)
         if ours > SLACK * best:
-            raise _Fail(f'{case}: your interval of {answer:.0f} s wastes {ours:.2%} of the time; '
-                        f'the best interval wastes {best:.2%}. Hint: {_hint(answer, C, M)}')
-    return ('your interval wastes as little time as the best one when failures come at random: '
-            'Young\'s rule, sqrt(2 C M).')
+            raise _Fail(
+                f'{case}: your interval of {answer:.0f} s wastes {ours:.2%} of the time; '
+                f'the best interval wastes {best:.2%}. Hint: {_hint(answer, C, M)}'
+            )
+    return (
+        'your interval wastes as little time as the best one when failures come at random: Young\'s rule, sqrt(2 C M).'
+    )

@@ -1,4 +1,5 @@
 """Checker of notebook 4: the bubble of an unbalanced pipeline."""
+
 import math
 
 from ._verdict import _call, _checker, _Fail
@@ -24,15 +25,21 @@ def _gpipe_idle(stage_times, m, backward=1.0):
 
 
 _WRONG_BUBBLES = (
-    (lambda t, m: (len(t) - 1) / (m + len(t) - 1),
-     'that is the bubble of equal stages, (p-1)/(m+p-1): with unequal stages the slowest one '
-     'sets the pace and the others wait for it.'),
-    (lambda t, m: 1 - m * sum(t) / (len(t) * max(t) * (m + len(t) - 1)),
-     'filling and draining the pipeline takes sum(stage_times) (each stage its own time), not '
-     'p times the slowest; only the m - 1 micro-batches after the first go at the slowest '
-     "stage's pace."),
-    (lambda t, m: (len(t) - 1) / len(t),
-     'that is model parallelism without micro-batches overlapping: one stage works at a time.'),
+    (
+        lambda t, m: (len(t) - 1) / (m + len(t) - 1),
+        'that is the bubble of equal stages, (p-1)/(m+p-1): with unequal stages the slowest one '
+        'sets the pace and the others wait for it.',
+    ),
+    (
+        lambda t, m: 1 - m * sum(t) / (len(t) * max(t) * (m + len(t) - 1)),
+        'filling and draining the pipeline takes sum(stage_times) (each stage its own time), not '
+        'p times the slowest; only the m - 1 micro-batches after the first go at the slowest '
+        "stage's pace.",
+    ),
+    (
+        lambda t, m: (len(t) - 1) / len(t),
+        'that is model parallelism without micro-batches overlapping: one stage works at a time.',
+    ),
     (lambda t, m: 1 - _gpipe_idle(t, m), 'that is the busy share; the bubble is the idle share.'),
     (lambda t, m: 100 * _gpipe_idle(t, m), 'return a fraction between 0 and 1, not a percentage.'),
 )
@@ -46,10 +53,17 @@ def check_unbalanced_bubble(unbalanced_bubble, rng):
     fixed multiple, backward). The reference is a simulation of the schedule;
     with equal stages it gives (p-1)/(m+p-1), as d2lpar.pipeline_schedule does.
     """
-    cases = [([1.0], 4), ([1.0] * 4, 4), ([1.0] * 4, 1), ([1.0, 3.0], 3), ([3.0, 1.0, 1.0, 1.0], 8),
-             ([2.0, 2.0, 2.0], 16)]
-    cases += [([round(rng.uniform(0.5, 3.0), 2) for _ in range(rng.randint(2, 6))],
-               rng.randint(1, 32)) for _ in range(6)]
+    cases = [
+        ([1.0], 4),
+        ([1.0] * 4, 4),
+        ([1.0] * 4, 1),
+        ([1.0, 3.0], 3),
+        ([3.0, 1.0, 1.0, 1.0], 8),
+        ([2.0, 2.0, 2.0], 16),
+    ]
+    cases += [
+        ([round(rng.uniform(0.5, 3.0), 2) for _ in range(rng.randint(2, 6))], rng.randint(1, 32)) for _ in range(6)
+    ]
     for k, (times, m) in enumerate(cases):
         case = f'unbalanced_bubble({times}, {m})'
         got = _call(unbalanced_bubble, (list(times), m), case, first=k == 0)
@@ -57,13 +71,17 @@ def check_unbalanced_bubble(unbalanced_bubble, rng):
         if isinstance(got, bool) or not isinstance(got, (int, float)):
             raise _Fail(f'{case} returned {got!r}; return a number between 0 and 1.')
         if not math.isclose(got, expected, rel_tol=1e-6, abs_tol=1e-9):
-            hints = [h for f, h in _WRONG_BUBBLES
-                     if math.isclose(got, f(times, m), rel_tol=1e-6, abs_tol=1e-9)]
+            hints = [h for f, h in _WRONG_BUBBLES if math.isclose(got, f(times, m), rel_tol=1e-6, abs_tol=1e-9)]
             hint = ' Or: '.join(hints) or (
                 'draw the forward pass: when does the last micro-batch leave the last stage? '
                 'The bubble is 1 - busy / (p * span), with each stage busy m * its time per '
-                'phase.')
-            raise _Fail(f'{case} returned {got:.6g}, expected {expected:.6g} '
-                        f'({len(times)} stage(s), {m} micro-batch(es)). Hint: {hint}')
-    return (f'{len(cases)} pipelines (1 to 6 stages, equal and unequal stage times, 1 to 32 '
-            'micro-batches) match the simulated GPipe schedule.')
+                'phase.'
+            )
+            raise _Fail(
+                f'{case} returned {got:.6g}, expected {expected:.6g} '
+                f'({len(times)} stage(s), {m} micro-batch(es)). Hint: {hint}'
+            )
+    return (
+        f'{len(cases)} pipelines (1 to 6 stages, equal and unequal stage times, 1 to 32 '
+        'micro-batches) match the simulated GPipe schedule.'
+    )

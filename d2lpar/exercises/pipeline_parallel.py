@@ -1,8 +1,11 @@
 """Checker of notebook 13: which stages each rank holds under interleaved and V-shaped schedules."""
+
 from ._verdict import _call, _checker, _Fail
 
-_RULE = ("'loop': rank r holds stages r, r + p, r + 2p, ... (one stage per lap around the ranks); "
-         "'v' (v = 2): rank r holds stage r on the way down and 2p - 1 - r on the way back")
+_RULE = (
+    "'loop': rank r holds stages r, r + p, r + 2p, ... (one stage per lap around the ranks); "
+    "'v' (v = 2): rank r holds stage r on the way down and 2p - 1 - r on the way back"
+)
 
 
 def _want(rank, p, v, style):
@@ -34,11 +37,15 @@ def check_interleaved_stages(interleaved_stages, rng):
             if got[rank] == want:
                 continue
             if sorted(got[rank]) == want:
-                raise _Fail(f'{case}: the right stages, in another order: {got[rank]}. Hint: list '
-                            'them in the order the data reaches them, first stage first.')
+                raise _Fail(
+                    f'{case}: the right stages, in another order: {got[rank]}. Hint: list '
+                    'them in the order the data reaches them, first stage first.'
+                )
             if style == 'loop' and got[rank] == [rank * v + i for i in range(v)]:
-                raise _Fail(f'{case}: {got[rank]} gives each rank {v} neighbouring stages: the data would '
-                            'stay on one rank and no other could work meanwhile. Hint: ' + _RULE)
+                raise _Fail(
+                    f'{case}: {got[rank]} gives each rank {v} neighbouring stages: the data would '
+                    'stay on one rank and no other could work meanwhile. Hint: ' + _RULE
+                )
             if style == 'v' and got[rank] == [rank, rank + p]:
                 raise _Fail(f'{case}: {got[rank]} is the loop placement. Hint: ' + _RULE)
             raise _Fail(f'{case}: expected {want}, got {got[rank]}. Hint: ' + _RULE)

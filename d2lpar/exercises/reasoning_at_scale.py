@@ -1,9 +1,12 @@
 """Checker of notebook 16: the largest local batch whose predicted peak memory fits a limit."""
+
 from ..scale import LLAMA3, predict
 from ._verdict import _Fail, _call, _checker
 
-_RULE = ('increase the local batch from 1 while predict(cfg, gpus, batch, seq_len, ac=ac)["peak"] '
-         'stays at most memory_limit; return the last batch that fitted (0 if batch 1 does not).')
+_RULE = (
+    'increase the local batch from 1 while predict(cfg, gpus, batch, seq_len, ac=ac)["peak"] '
+    'stays at most memory_limit; return the last batch that fitted (0 if batch 1 does not).'
+)
 
 
 def _largest(cfg, gpus, seq_len, ac, limit):
@@ -35,8 +38,7 @@ def check_largest_batch(largest_batch, rng):
             raise _Fail(f'{case}: return a non-negative int, got {got!r}.')
         if got > best:
             peak = predict(LLAMA3[name], gpus, got, seq_len, ac=ac)['peak']
-            raise _Fail(f'{case}: batch {got} needs {peak:.4g} bytes per GPU, more than the limit.'
-                        f'\nHint: {_RULE}')
+            raise _Fail(f'{case}: batch {got} needs {peak:.4g} bytes per GPU, more than the limit.\nHint: {_RULE}')
         if got < best:
             raise _Fail(f'{case}: batch {best} also fits, and it is larger than {got}.\nHint: {_RULE}')
     return 'the largest batch that fits, on every case.'

@@ -1,15 +1,27 @@
 """Checker of notebook 2: what a CUDA_VISIBLE_DEVICES mask shows."""
+
 from ..visibility import visible_gpus
 from ._verdict import _call, _checker, _Fail
 
 
 def _random_masks(rng, n):
     """Return (mask, num_gpus, kind) cases, the edge cases first."""
-    cases = [(None, n, 'unset'), ('', n, 'empty'), ('-1', n, 'minus one'),
-             ('0', n, 'plain'), ('1,0', max(n, 2), 'plain'), ('0,0', n, 'repeat'),
-             ('0,2,-1,1', max(n, 4), 'invalid'), ('0,5', 4, 'range'), ('0,5', 8, 'plain'),
-             ('abc', n, 'invalid'), (str(n), n, 'range'), ('0, 1', max(n, 2), 'strtoul'),
-             (' 1', max(n, 2), 'strtoul'), ('1gpu,0', max(n, 2), 'strtoul')]
+    cases = [
+        (None, n, 'unset'),
+        ('', n, 'empty'),
+        ('-1', n, 'minus one'),
+        ('0', n, 'plain'),
+        ('1,0', max(n, 2), 'plain'),
+        ('0,0', n, 'repeat'),
+        ('0,2,-1,1', max(n, 4), 'invalid'),
+        ('0,5', 4, 'range'),
+        ('0,5', 8, 'plain'),
+        ('abc', n, 'invalid'),
+        (str(n), n, 'range'),
+        ('0, 1', max(n, 2), 'strtoul'),
+        (' 1', max(n, 2), 'strtoul'),
+        ('1gpu,0', max(n, 2), 'strtoul'),
+    ]
     for _ in range(8):
         m = rng.randint(1, 8)
         entries = rng.sample(range(m), rng.randint(1, m))
@@ -34,13 +46,16 @@ _MASK_HINTS = {
     'empty': 'an empty mask hides every GPU.',
     'minus one': "'-1' is not a GPU: parsing stops there, so nothing is visible.",
     'repeat': 'a GPU listed twice makes the whole mask invalid: no GPU is visible.',
-    'invalid': ('parsing stops at the first entry that is not a GPU number; the entries '
-                'before it still count.'),
-    'range': ('a GPU number the machine does not have stops the list like an invalid '
-              'entry; the entries before it still count.'),
+    'invalid': ('parsing stops at the first entry that is not a GPU number; the entries before it still count.'),
+    'range': (
+        'a GPU number the machine does not have stops the list like an invalid '
+        'entry; the entries before it still count.'
+    ),
     'plain': 'count the GPU numbers in the mask; the order does not change the count.',
-    'strtoul': ("each entry is read like C's strtoul: leading spaces are skipped and the "
-                "number ends at the first non-digit, so ' 1' and '1gpu' both mean GPU 1."),
+    'strtoul': (
+        "each entry is read like C's strtoul: leading spaces are skipped and the "
+        "number ends at the first non-digit, so ' 1' and '1gpu' both mean GPU 1."
+    ),
 }
 
 
@@ -60,7 +75,9 @@ def check_visible_count(predict_device_count, rng):
         if isinstance(got, bool) or not isinstance(got, int):
             raise _Fail(f'{case} returned {got!r}; return an int, the number of GPUs visible.')
         if got != expected:
-            raise _Fail(f'{case} returned {got}, but a process started with that mask on a '
-                        f'{n}-GPU machine sees {expected}. Hint: {_MASK_HINTS[kind]}')
+            raise _Fail(
+                f'{case} returned {got}, but a process started with that mask on a '
+                f'{n}-GPU machine sees {expected}. Hint: {_MASK_HINTS[kind]}'
+            )
     kinds = sorted({kind for _, _, kind in cases})
-    return (f'{len(cases)} masks predicted right, including the cases: {", ".join(kinds)}.')
+    return f'{len(cases)} masks predicted right, including the cases: {", ".join(kinds)}.'

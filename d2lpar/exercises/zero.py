@@ -11,6 +11,7 @@ gradient with single-process training on the whole batch, counts the
 reduce-scatters, and records each rank's memory over forward and backward with
 `d2lpar.memory.StepMemory`, against the same run with the reference hook.
 """
+
 import threading
 
 import torch
@@ -44,6 +45,7 @@ def _reference_hook(bucket, shards, n, rank, reduce_scatter):
         reduce_scatter(list(rows))
         for q, grad in zip(bucket, (rows[rank] / n).split(sizes)):
             shards[q].grad = grad
+
     return hook
 
 
@@ -61,9 +63,11 @@ class _World:
             rows = list(rows)
             shapes = {tuple(t.shape) for t in rows if isinstance(t, torch.Tensor)}
             if len(rows) != self.n or len(shapes) != 1:
-                raise ValueError(f'reduce_scatter wants a list of N = {self.n} tensors of one '
-                                 f'shape (one row per rank), got {len(rows)} of shapes '
-                                 f'{sorted(shapes)}')
+                raise ValueError(
+                    f'reduce_scatter wants a list of N = {self.n} tensors of one '
+                    f'shape (one row per rank), got {len(rows)} of shapes '
+                    f'{sorted(shapes)}'
+                )
             self.calls[rank] += 1
             self.rows[rank] = rows
             self.barrier.wait()  # every rank has handed in its rows
@@ -76,6 +80,7 @@ class _World:
                 if other != rank:
                     rows[other].fill_(float('nan'))
             return rows
+
         return reduce_scatter
 
 
@@ -97,15 +102,18 @@ def _run(make_hook, widths, n, X, y, steps=2):
         params = list(net.parameters())
         shards.append({p: _pad_rows(p, n)[rank].clone() for p in params})
         # one bucket per Linear layer, in the order backward produces them
-        buckets = [params[i:i + 2] for i in range(0, len(params), 2)][::-1]
-        hooks.append([(bucket, make_hook(bucket, shards[rank], n, rank,
-                                         world.reduce_scatter(rank))) for bucket in buckets])
+        buckets = [params[i : i + 2] for i in range(0, len(params), 2)][::-1]
+        hooks.append(
+            [(bucket, make_hook(bucket, shards[rank], n, rank, world.reduce_scatter(rank))) for bucket in buckets]
+        )
     for rank, net in enumerate(nets):
         for bucket, hook in hooks[rank]:
             if not callable(hook):
-                raise _Fail(f'zero2_hook returned a {type(hook).__name__}; return the hook '
-                            'itself, a function hook(p) that backward calls with each parameter '
-                            'whose gradient is complete.')
+                raise _Fail(
+                    f'zero2_hook returned a {type(hook).__name__}; return the hook '
+                    'itself, a function hook(p) that backward calls with each parameter '
+                    'whose gradient is complete.'
+                )
             for p in bucket:
                 p.register_post_accumulate_grad_hook(hook)
     results = [dict(grads=[], peak=None) for _ in range(n)]
@@ -122,8 +130,7 @@ def _run(make_hook, widths, n, X, y, steps=2):
                     nn.functional.mse_loss(net(Xs), ys).backward()
                 if step == 0:
                     results[rank]['peak'] = mem.peak
-                results[rank]['grads'].append(
-                    [shards[rank][p].grad for p in net.parameters()])
+                results[rank]['grads'].append([shards[rank][p].grad for p in net.parameters()])
         except BaseException as e:  # the learner's error: stop the other ranks too
             errors[rank], step_of_error[rank] = e, step
             world.barrier.abort()
@@ -138,15 +145,20 @@ def _run(make_hook, widths, n, X, y, steps=2):
         e = first[0]
         if isinstance(e, NotImplementedError):
             raise _Fail(f'your hook raised NotImplementedError({e}) during backward; finish it.')
-        again = ('' if step_of_error[errors.index(e)] == 0 else ' It worked in the first '
-                 'backward and failed in the second. Hint: once a bucket is reduced, forget '
-                 'which of its gradients arrived, so that the next backward starts afresh.')
-        raise _Fail(f'during backward on {n} ranks, your hook raised {type(e).__name__}: '
-                    f'{e}.{again}')
+        again = (
+            ''
+            if step_of_error[errors.index(e)] == 0
+            else ' It worked in the first '
+            'backward and failed in the second. Hint: once a bucket is reduced, forget '
+            'which of its gradients arrived, so that the next backward starts afresh.'
+        )
+        raise _Fail(f'during backward on {n} ranks, your hook raised {type(e).__name__}: {e}.{again}')
     if any(errors) or any(t.is_alive() for t in threads):
-        raise _Fail(f'the {n} ranks did not meet at the same reduce-scatters (one waited '
-                    f'{_TIMEOUT} s for the others). Hint: every rank must call reduce_scatter '
-                    'once per bucket, when the last gradient of the bucket arrives.')
+        raise _Fail(
+            f'the {n} ranks did not meet at the same reduce-scatters (one waited '
+            f'{_TIMEOUT} s for the others). Hint: every rank must call reduce_scatter '
+            'once per bucket, when the last gradient of the bucket arrives.'
+        )
     return results, world.calls, len(hooks[0])
 
 
@@ -184,17 +196,22 @@ def check_zero2_hook(zero2_hook, rng):
             for rank in range(n):
                 for i, (name, p) in enumerate(ref.named_parameters()):
                     got = results[rank]['grads'][step][i]
-                    _compare(got, p.grad, n, rank, f'{case}, step {step + 1}, rank {rank}, '
-                             f'the gradient shard of {name}')
+                    _compare(
+                        got, p.grad, n, rank, f'{case}, step {step + 1}, rank {rank}, the gradient shard of {name}'
+                    )
             if step == 0:  # a gradient not freed also adds up into the next step's
                 _check_peak(results, widths, n, X, y, case)
         if any(c != 2 * num_buckets for c in calls):
-            raise _Fail(f'{case}: the ranks made {calls} reduce-scatters in 2 steps; expected '
-                        f'{2 * num_buckets}, one per bucket per step. Hint: gather the whole '
-                        'bucket into one buffer and reduce-scatter it once, when its last '
-                        'gradient arrives.')
-    return (f'all {len(cases)} cases match one process on the whole batch, with one '
-            'reduce-scatter per bucket and the peak of ZeRO-2.')
+            raise _Fail(
+                f'{case}: the ranks made {calls} reduce-scatters in 2 steps; expected '
+                f'{2 * num_buckets}, one per bucket per step. Hint: gather the whole '
+                'bucket into one buffer and reduce-scatter it once, when its last '
+                'gradient arrives.'
+            )
+    return (
+        f'all {len(cases)} cases match one process on the whole batch, with one '
+        'reduce-scatter per bucket and the peak of ZeRO-2.'
+    )
 
 
 def _check_peak(results, widths, n, X, y, case):
@@ -203,43 +220,58 @@ def _check_peak(results, widths, n, X, y, case):
     ref_results, _, _ = _run(_reference_hook, widths, n, X, y, steps=1)
     peak = max(r['peak'] for r in results)
     ref_peak = max(r['peak'] for r in ref_results)
-    bucket_bytes = max(((a + 1) * b + -a * b % n + -b % n) * 4
-                       for a, b in zip(widths, widths[1:]))  # padded weight and bias
+    bucket_bytes = max(
+        ((a + 1) * b + -a * b % n + -b % n) * 4 for a, b in zip(widths, widths[1:])
+    )  # padded weight and bias
     if peak > ref_peak + bucket_bytes:
-        raise _Fail(f'{case}: the gradients are right, but a rank holds up to {peak} bytes '
-                    f'during the step, {peak - ref_peak} more than ZeRO-2 needs (one bucket '
-                    f'is {bucket_bytes}). Hint: once a gradient is copied into the bucket '
-                    'buffer, free it (p.grad = None); otherwise every full gradient stays '
-                    'until the end of backward, as in DDP, and the peak is not lowered.')
+        raise _Fail(
+            f'{case}: the gradients are right, but a rank holds up to {peak} bytes '
+            f'during the step, {peak - ref_peak} more than ZeRO-2 needs (one bucket '
+            f'is {bucket_bytes}). Hint: once a gradient is copied into the bucket '
+            'buffer, free it (p.grad = None); otherwise every full gradient stays '
+            'until the end of backward, as in DDP, and the peak is not lowered.'
+        )
 
 
 def _compare(got, grad, n, rank, case):
     """Raise _Fail with the classic mistake's hint when `got` is not rank's shard of `grad`."""
     want = _pad_rows(grad, n)[rank]
     if got is None:
-        raise _Fail(f'{case}: shards[p].grad is not set after backward. Hint: after the '
-                    'reduce-scatter, set shards[p].grad to row `rank` of the buffer divided '
-                    'by N (the part of it that belongs to p).')
+        raise _Fail(
+            f'{case}: shards[p].grad is not set after backward. Hint: after the '
+            'reduce-scatter, set shards[p].grad to row `rank` of the buffer divided '
+            'by N (the part of it that belongs to p).'
+        )
     if not isinstance(got, torch.Tensor) or got.numel() != want.numel():
         shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
-        raise _Fail(f'{case}: expected a shard of {want.numel()} values, got {shape}. Hint: '
-                    'flatten each gradient, pad it with zeros to N rows and keep row `rank`.')
+        raise _Fail(
+            f'{case}: expected a shard of {want.numel()} values, got {shape}. Hint: '
+            'flatten each gradient, pad it with zeros to N rows and keep row `rank`.'
+        )
     got = got.detach().flatten().float()
     close = lambda a, b: torch.allclose(a, b, rtol=1e-4, atol=1e-6)
     if close(got, want):
         return
     if close(got, want * n):
-        raise _Fail(f'{case}: your shard is the sum over the ranks, N = {n} times too large. '
-                    'Hint: divide the reduce-scattered row by N, so that the step equals '
-                    'single-process training on the whole batch.')
+        raise _Fail(
+            f'{case}: your shard is the sum over the ranks, N = {n} times too large. '
+            'Hint: divide the reduce-scattered row by N, so that the step equals '
+            'single-process training on the whole batch.'
+        )
     if close(got, want / n):
-        raise _Fail(f'{case}: your shard is N = {n} times too small: divided twice. Hint: the '
-                    'reduce-scatter sums; divide that sum by N once.')
+        raise _Fail(
+            f'{case}: your shard is N = {n} times too small: divided twice. Hint: the '
+            'reduce-scatter sums; divide that sum by N once.'
+        )
     if torch.isnan(got).any():
-        raise _Fail(f'{case}: rank {rank} took a row of the buffer that is not its own: after '
-                    'a reduce-scatter only row `rank` holds a total (the others hold partial '
-                    'sums, here NaN), so this rank would update another rank\'s shard. Hint: '
-                    'take row `rank`.')
-    raise _Fail(f'{case}: expected {want.tolist()!s:.200}, got {got.tolist()!s:.200}. Hint: '
-                'row r of the bucket buffer holds row r of every parameter\'s padded gradient '
-                '(viewed as N rows), side by side; reduce-scatter it, divide row `rank` by N.')
+        raise _Fail(
+            f'{case}: rank {rank} took a row of the buffer that is not its own: after '
+            'a reduce-scatter only row `rank` holds a total (the others hold partial '
+            'sums, here NaN), so this rank would update another rank\'s shard. Hint: '
+            'take row `rank`.'
+        )
+    raise _Fail(
+        f'{case}: expected {want.tolist()!s:.200}, got {got.tolist()!s:.200}. Hint: '
+        'row r of the bucket buffer holds row r of every parameter\'s padded gradient '
+        '(viewed as N rows), side by side; reduce-scatter it, divide row `rank` by N.'
+    )

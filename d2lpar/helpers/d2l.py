@@ -2,6 +2,7 @@
 
 d2l defines them in chapters before this course; notebook 8 and the benchmarks use them.
 """
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -69,8 +70,7 @@ class Residual(nn.Module):
         super().__init__()
         self.conv1 = nn.LazyConv2d(num_channels, kernel_size=3, padding=1, stride=strides)
         self.conv2 = nn.LazyConv2d(num_channels, kernel_size=3, padding=1)
-        self.conv3 = (nn.LazyConv2d(num_channels, kernel_size=1, stride=strides)
-                      if use_1x1conv else None)
+        self.conv3 = nn.LazyConv2d(num_channels, kernel_size=1, stride=strides) if use_1x1conv else None
         self.bn1, self.bn2 = nn.LazyBatchNorm2d(), nn.LazyBatchNorm2d()
 
     def forward(self, X):

@@ -1,4 +1,5 @@
 """What this machine can do (notebook 7): a C++ compiler for inductor, pinned memory, bfloat16."""
+
 import os
 import shutil
 import subprocess
@@ -38,8 +39,9 @@ def inductor_works(timeout=300):
     with tempfile.TemporaryDirectory(prefix='d2lpar-inductor-') as cache:
         env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, OMP_NUM_THREADS='1')
         try:
-            done = subprocess.run([sys.executable, '-c', _INDUCTOR_PROBE], capture_output=True,
-                                  text=True, timeout=timeout, env=env)
+            done = subprocess.run(
+                [sys.executable, '-c', _INDUCTOR_PROBE], capture_output=True, text=True, timeout=timeout, env=env
+            )
         except subprocess.TimeoutExpired:
             return False, f'compiling one tiny kernel took over {timeout} s'
     if done.returncode == 0 and 'inductor works' in done.stdout:

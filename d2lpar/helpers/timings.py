@@ -1,4 +1,5 @@
 """allreduce_timings: notebook 9's naive and ring allreduce timed against the built-in one."""
+
 import math
 import time
 
@@ -24,14 +25,12 @@ def allreduce_timings(sizes, repeats=5, min_bytes=1 << 22, max_iters=50):
     process_group_size('allreduce_timings')
     positive_int(repeats, 'allreduce_timings: repeats')
     # NCCL takes only tensors on this rank's GPU (the current one, bound before the group).
-    device = (torch.device('cuda', torch.cuda.current_device())
-              if dist.get_backend() == 'nccl' else torch.device('cpu'))
+    device = torch.device('cuda', torch.cuda.current_device()) if dist.get_backend() == 'nccl' else torch.device('cpu')
     methods = {'naive': naive_allreduce, 'ring': ring_allreduce, 'built-in': dist.all_reduce}
     results = []
     for size in sizes:
         if size % 4 or size <= 0:
-            raise ValueError(f'allreduce_timings: sizes are bytes of float32, so positive '
-                             f'multiples of 4; got {size!r}')
+            raise ValueError(f'allreduce_timings: sizes are bytes of float32, so positive multiples of 4; got {size!r}')
         X = torch.zeros(size // 4, device=device)  # zeros stay zeros, however often summed
         iters = max(1, min(max_iters, math.ceil(min_bytes / size)))
         best = dict.fromkeys(methods, math.inf)
@@ -44,8 +43,7 @@ def allreduce_timings(sizes, repeats=5, min_bytes=1 << 22, max_iters=50):
                 for _ in range(iters):
                     fn(X)
                 synchronize(device)  # on a GPU the calls above only queued the work
-                elapsed = torch.tensor([(time.perf_counter() - start) / iters],
-                                       dtype=torch.float64, device=device)
+                elapsed = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64, device=device)
                 dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
                 best[name] = min(best[name], elapsed.item())
         results.extend({'method': name, 'bytes': size, 'seconds': t} for name, t in best.items())

@@ -1,4 +1,5 @@
 """TrainResult: what notebook 8's `train` returns."""
+
 import collections
 
 __all__ = ['TrainResult']

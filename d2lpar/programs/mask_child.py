@@ -8,6 +8,7 @@ asks NVML and re-reads the environment, which the driver no longer does
 counts while CUDA cannot start (a driver too old for the build) are not usable:
 they count as none, as in d2lpar.num_gpus.
 """
+
 import json
 import os
 import runpy
@@ -22,11 +23,11 @@ else:
     sys.argv = [spec['script'], *spec['args']]
     runpy.run_path(spec['script'], init_globals={'report': report}, run_name='__main__')
 import torch  # noqa: E402 (after the child's code, which may set CUDA variables first)
+
 available = torch.cuda.is_available()
 if available:
     torch.cuda.init()
-props = [torch.cuda.get_device_properties(i)
-         for i in range(torch.cuda.device_count() if available else 0)]
+props = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count() if available else 0)]
 seen = {
     'pid': os.getpid(),
     'mask': os.environ.get('CUDA_VISIBLE_DEVICES'),
@@ -34,8 +35,9 @@ seen = {
     'device_count': len(props),
     'names': [p.name for p in props],
     'uuids': [str(getattr(p, 'uuid', '')) for p in props],
-    'env': {k: v for k, v in os.environ.items()
-            if 'CUDA' in k.upper() or 'VISIBLE' in k.upper() or k.startswith('OMP_')},
+    'env': {
+        k: v for k, v in os.environ.items() if 'CUDA' in k.upper() or 'VISIBLE' in k.upper() or k.startswith('OMP_')
+    },
     'report': report,
 }
 print('\n' + spec['marker'] + json.dumps(seen, default=str), flush=True)

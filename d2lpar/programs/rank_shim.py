@@ -13,6 +13,7 @@ drop what C code (NCCL_DEBUG=INFO) printed. When one rank fails, torchrun stops 
 with SIGTERM, possibly before they report their own error: a stopped rank says so in its
 output, and every rank that ends badly records how and when (LaunchResult.first_failure).
 """
+
 import atexit
 import json
 import os
@@ -20,13 +21,13 @@ import runpy
 import signal
 import sys
 import time
+
 argv = sys.argv[1:]
 legacy = []
 while argv and argv[0].startswith(('--local-rank=', '--local_rank=')):
     legacy.append(argv.pop(0))
 name = 'rank' + os.environ['RANK'] if 'RANK' in os.environ else 'main'
-fd = os.open(os.path.join(os.environ['D2LPAR_LOG_DIR'], name + '.log'),
-             os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+fd = os.open(os.path.join(os.environ['D2LPAR_LOG_DIR'], name + '.log'), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
 sys.stdout.flush()
 sys.stderr.flush()
 os.dup2(fd, 1)
@@ -45,6 +46,7 @@ def flush_all():
             pass
     try:  # C libraries (NCCL's INFO lines) print through C stdio, fully buffered into a file
         import ctypes
+
         ctypes.CDLL(None).fflush(None)
     except Exception:
         pass
@@ -61,8 +63,11 @@ def record_exit(how, code):  # how this rank ended, and when: LaunchResult.exits
 
 
 def stopped(signum, frame):  # torchrun stops the other ranks with SIGTERM once one fails
-    os.write(2, b'[rank_shim.py of d2lpar.launch: stopped by SIGTERM; torchrun sends it to every '
-                b'rank once one has failed, or the launch was ended]\n')
+    os.write(
+        2,
+        b'[rank_shim.py of d2lpar.launch: stopped by SIGTERM; torchrun sends it to every '
+        b'rank once one has failed, or the launch was ended]\n',
+    )
     record_exit('stopped', 128 + signum)
     flush_all()
     os._exit(128 + signum)

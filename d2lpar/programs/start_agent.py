@@ -5,11 +5,14 @@ not leave torchrun running.
 
     python start_agent.py PARENT_PID torchrun ARGS...
 """
+
 import os
 import sys
+
 if sys.platform.startswith('linux'):
     import ctypes
     import signal
+
     ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
     if os.getppid() != int(sys.argv[1]):
         sys.exit(143)

@@ -14,6 +14,7 @@ no lesson: `d2lpar/checks/nbNN_<name>.py` maps a definition's name ('f' or 'Clas
 its check in `CHECKS`, and the generated module applies it with `@checked(CHECKS['f'])`.
 A notebook without `#@save` cells has no module; a module without a notebook is removed.
 """
+
 import argparse
 import ast
 import importlib.util
@@ -62,8 +63,7 @@ def saved_cells(notebook):
         if source.lstrip().startswith('%%'):  # a cell magic (%%writefile ...): not Python
             continue
         # Line magics (%matplotlib inline) would keep the cell's imports from parsing.
-        code.append('\n'.join(line for line in source.splitlines()
-                               if not line.lstrip().startswith(('%', '!'))))
+        code.append('\n'.join(line for line in source.splitlines() if not line.lstrip().startswith(('%', '!'))))
         if source.lstrip().startswith(MARK):
             saved.append((index, source))
     return code, saved
@@ -84,8 +84,11 @@ def check_names(notebook):
     if not path.exists():
         return []
     for node in ast.parse(path.read_text()).body:
-        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
-                and any(isinstance(t, ast.Name) and t.id == 'CHECKS' for t in node.targets)):
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Dict)
+            and any(isinstance(t, ast.Name) and t.id == 'CHECKS' for t in node.targets)
+        ):
             return [ast.literal_eval(key) for key in node.value.keys]
     raise SystemExit(f'{path.relative_to(ROOT)}: defines no CHECKS = {{...}} table')
 
@@ -101,11 +104,13 @@ def _body(source, where):
     for node in tree.body:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             drop.update(range(node.lineno - 1, node.end_lineno))
-        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign,
-                                   ast.AnnAssign)) and not (isinstance(node, ast.Expr)
-                                                            and isinstance(node.value, ast.Constant)):
-            raise SystemExit(f'{where}, line {node.lineno + 1}: a #@save cell only defines (functions, '
-                             'classes, constants); move the rest to a cell of its own')
+        elif not isinstance(
+            node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign)
+        ) and not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)):
+            raise SystemExit(
+                f'{where}, line {node.lineno + 1}: a #@save cell only defines (functions, '
+                'classes, constants); move the rest to a cell of its own'
+            )
     return '\n'.join(line for i, line in enumerate(lines) if i not in drop).strip('\n')
 
 
@@ -129,7 +134,7 @@ def _apply_checks(code, checks, found):
         if name in checks:
             found.add(name)
             first = min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1
-            indent = lines[first][:len(lines[first]) - len(lines[first].lstrip())]
+            indent = lines[first][: len(lines[first]) - len(lines[first].lstrip())]
             inserts.append((first, f'{indent}@checked(CHECKS[{name!r}])'))
     for line, text in sorted(inserts, reverse=True):
         lines.insert(line, text)
@@ -166,14 +171,14 @@ def lesson_source(notebook):
         blocks.append((where, _apply_checks(_body(source, where), checks, found)))
     missing = [name for name in checks if name not in found]
     if missing:
-        raise SystemExit(f'd2lpar/checks/{module_name(notebook)}.py: CHECKS names {missing}, which '
-                         f'no #@save cell of {notebook.name} defines; rename or remove the entry')
+        raise SystemExit(
+            f'd2lpar/checks/{module_name(notebook)}.py: CHECKS names {missing}, which '
+            f'no #@save cell of {notebook.name} defines; rename or remove the entry'
+        )
     imports = used_imports(code, [body for _, body in blocks])
     if checks:
-        imports += ['from d2lpar.checks import checked',
-                    f'from d2lpar.checks.{module_name(notebook)} import CHECKS']
-    note = (f' Argument checks, applied by @checked:\nd2lpar/checks/{module_name(notebook)}.py.'
-            if checks else '')
+        imports += ['from d2lpar.checks import checked', f'from d2lpar.checks.{module_name(notebook)} import CHECKS']
+    note = f' Argument checks, applied by @checked:\nd2lpar/checks/{module_name(notebook)}.py.' if checks else ''
     names = public_names([body for _, body in blocks])
     text = HEADER.format(title=_title(notebook), notebook=notebook.name, checks=note)
     text += '\n'.join(imports) + '\n\n__all__ = [' + ', '.join(repr(n) for n in names) + ']\n'
@@ -196,8 +201,9 @@ def stale():
     """Return the lesson modules that differ from what `make lib` would write (or should go)."""
     modules = expected()
     present = {p for p in LESSONS.glob('nb*.py')}
-    return sorted(p for p in present | set(modules)
-                  if p not in modules or not p.exists() or p.read_text() != modules[p])
+    return sorted(
+        p for p in present | set(modules) if p not in modules or not p.exists() or p.read_text() != modules[p]
+    )
 
 
 def main(argv=None):

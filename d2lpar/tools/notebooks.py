@@ -8,6 +8,7 @@ id it has, and a cell without one gets an id made from its position and source, 
 notebook always normalizes to the same text; the JSON is written as the files are kept
 (one-space indent, UTF-8 as is), whole or not at all. Needs only the standard library.
 """
+
 import argparse
 import hashlib
 import json
@@ -32,7 +33,7 @@ def normalized(text):
         if not cell.get('id'):
             source = ''.join(cell.get('source', ''))
             digest = hashlib.sha256(f'{index}\0{source}'.encode()).hexdigest()
-            new = next(digest[i:i + 8] for i in range(0, 56) if digest[i:i + 8] not in taken)
+            new = next(digest[i : i + 8] for i in range(0, 56) if digest[i : i + 8] not in taken)
             cell['id'] = new
             taken.add(new)
     if nb.get('nbformat', 4) == 4 and nb.get('nbformat_minor', 0) < 5:

@@ -3,6 +3,7 @@
 The reference solutions are read from notebooks/solutions/ (the cells tagged
 `solution`), so the tests check the very code instructors hand out.
 """
+
 import json
 from pathlib import Path
 
@@ -39,8 +40,11 @@ CHECKS = {
 def cells(path, tag=None):
     """Return the code cells of a notebook (only those tagged `tag`, if given) as sources."""
     nb = json.loads(path.read_text())
-    return [''.join(c['source']) for c in nb['cells'] if c['cell_type'] == 'code'
-            and (tag is None or tag in c.get('metadata', {}).get('tags', []))]
+    return [
+        ''.join(c['source'])
+        for c in nb['cells']
+        if c['cell_type'] == 'code' and (tag is None or tag in c.get('metadata', {}).get('tags', []))
+    ]
 
 
 def solution(chapter, name):

@@ -1,4 +1,5 @@
 """Notebook 17's checker, check_choose_layout: wrong answers get their hint on every seed."""
+
 import pytest
 
 from d2lpar import exercises
@@ -10,8 +11,8 @@ def _search(key):
     from d2lpar.exercises.capstone import _layouts, predict_layout
 
     def choose(cfg, gpus, num_seqs, seq_len, memory_limit):
-        return min(_layouts(cfg, gpus, num_seqs),
-                   key=lambda l: predict_layout(cfg, gpus, num_seqs, seq_len, l)[key])
+        return min(_layouts(cfg, gpus, num_seqs), key=lambda l: predict_layout(cfg, gpus, num_seqs, seq_len, l)[key])
+
     return choose
 
 
@@ -35,13 +36,17 @@ def choose_list(cfg, gpus, *args):
     return [1, gpus, 1]
 
 
-@pytest.mark.parametrize('wrong, hints', [
-    (choose_ignoring_memory, ('more than the limit',)),
-    (choose_least_memory, ('fits but its step takes',)),
-    (choose_all_fsdp, ('more than the limit', 'fits but its step takes')),
-    (choose_wrong_product, ('is no layout',)),
-    (choose_list, ('return a dict',)),
-], ids=lambda x: getattr(x, '__name__', None))
+@pytest.mark.parametrize(
+    'wrong, hints',
+    [
+        (choose_ignoring_memory, ('more than the limit',)),
+        (choose_least_memory, ('fits but its step takes',)),
+        (choose_all_fsdp, ('more than the limit', 'fits but its step takes')),
+        (choose_wrong_product, ('is no layout',)),
+        (choose_list, ('return a dict',)),
+    ],
+    ids=lambda x: getattr(x, '__name__', None),
+)
 def test_choose_layout_wrong_answers_get_their_hint(wrong, hints):
     failed = 0
     for seed in SEEDS:

@@ -1,5 +1,6 @@
 """Notebook 9's checker, check_broadcast_schedule: wrong answers get their hint; the reference is the
 fastest possible tree."""
+
 import math
 
 import pytest
@@ -26,8 +27,7 @@ def ignores_src(n, src):
 
 
 def powers_of_two_only(n, src):
-    return [[((r + src) % n, (r + 2**k + src) % n) for r in range(2**k)]
-            for k in range(int(math.log2(n)))]
+    return [[((r + src) % n, (r + 2**k + src) % n) for r in range(2**k)] for k in range(int(math.log2(n)))]
 
 
 WRONG = [

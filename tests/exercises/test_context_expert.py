@@ -1,5 +1,6 @@
 """Notebook 14's checker, check_online_softmax_merge: wrong answers get their hint; the reference agrees
 with d2lpar's ring-attention merge."""
+
 import pytest
 import torch
 
@@ -36,14 +37,18 @@ def merge_inverse_factor(m1, l1, acc1, m2, l2, acc2):
     return m, a1 * l1 + a2 * l2, a1 * acc1 + a2 * acc2
 
 
-@pytest.mark.parametrize('wrong, hint', [
-    (merge_no_rescale, 'relative to its own maximum'),
-    (merge_adds_outputs, 'normalised outputs'),
-    (merge_averages_outputs, 'equal weights'),
-    (merge_without_running_max, 'overflows'),
-    (merge_relative_to_first, 'm_i = -inf'),
-    (merge_inverse_factor, 'not exp(m - m_i)'),
-], ids=lambda x: getattr(x, '__name__', None))
+@pytest.mark.parametrize(
+    'wrong, hint',
+    [
+        (merge_no_rescale, 'relative to its own maximum'),
+        (merge_adds_outputs, 'normalised outputs'),
+        (merge_averages_outputs, 'equal weights'),
+        (merge_without_running_max, 'overflows'),
+        (merge_relative_to_first, 'm_i = -inf'),
+        (merge_inverse_factor, 'not exp(m - m_i)'),
+    ],
+    ids=lambda x: getattr(x, '__name__', None),
+)
 def test_merge_wrong_answers_get_their_hint(wrong, hint):
     for seed in SEEDS:
         verdict = exercises.check_online_softmax_merge(wrong, seed=seed)
@@ -54,11 +59,15 @@ def test_merge_reference_agrees_with_torch_on_the_ring_attention_merge():
     """The (m, l, acc) state and d2lpar's (O, lse) merge describe the same result."""
     from d2lpar.context_parallel import attend_block, merge_attention
     from d2lpar.exercises.context_expert import partial
+
     fn = solution('14_context_expert', 'merge_partial')
     torch.manual_seed(0)
-    Q, K, V = torch.randn(4, 3, dtype=torch.float64), torch.randn(7, 3, dtype=torch.float64), \
-        torch.randn(7, 3, dtype=torch.float64)
-    s = Q @ K.T / 3 ** 0.5
+    Q, K, V = (
+        torch.randn(4, 3, dtype=torch.float64),
+        torch.randn(7, 3, dtype=torch.float64),
+        torch.randn(7, 3, dtype=torch.float64),
+    )
+    s = Q @ K.T / 3**0.5
     m, l, acc = fn(*partial(s[:, :3], V[:3]), *partial(s[:, 3:], V[3:]))
     O, lse = merge_attention(*attend_block(Q, K[:3], V[:3]), *attend_block(Q, K[3:], V[3:]))
     torch.testing.assert_close(acc / l, O)

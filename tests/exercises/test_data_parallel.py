@@ -1,4 +1,5 @@
 """Notebook 3's checker, check_load_checkpoint: wrong answers get their hint."""
+
 import pytest
 
 from d2lpar import exercises
@@ -11,8 +12,7 @@ def no_strip_strict_false(net, state_dict):
 
 
 def strip_strict_false(net, state_dict):
-    net.load_state_dict({k.removeprefix('module.'): v for k, v in state_dict.items()},
-                        strict=False)
+    net.load_state_dict({k.removeprefix('module.'): v for k, v in state_dict.items()}, strict=False)
 
 
 def strip_with_replace(net, state_dict):
@@ -24,7 +24,7 @@ def strip_with_lstrip(net, state_dict):
 
 
 def always_strips(net, state_dict):
-    net.load_state_dict({k[len('module.'):]: v for k, v in state_dict.items()})
+    net.load_state_dict({k[len('module.') :]: v for k, v in state_dict.items()})
 
 
 WRONG = [

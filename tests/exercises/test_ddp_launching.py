@@ -1,4 +1,5 @@
 """Notebook 6's checker, check_slurm_ranks: wrong answers get their hint."""
+
 import re
 
 import pytest
@@ -12,9 +13,11 @@ from .reference import assert_rejected, solution, wrong_ids
 
 def slurm_variant(**wrong):
     """Return the reference slurm_ranks with the fields in `wrong` computed another way."""
+
     def slurm_ranks(environ):
         right = solution('06_ddp_launching', 'slurm_ranks')(environ)
         return {**right, **{key: how(environ) for key, how in wrong.items()}}
+
     return slurm_ranks
 
 
@@ -37,18 +40,26 @@ def own_node(environ):
 
 
 def accepts_any_rank(environ):
-    return {'rank': int(environ['SLURM_PROCID']), 'local_rank': int(environ['SLURM_LOCALID']),
-            'world_size': int(environ['SLURM_NTASKS']),
-            'master_addr': d2lpar.distributed.expand_nodelist(environ['SLURM_NODELIST'])[0]}
+    return {
+        'rank': int(environ['SLURM_PROCID']),
+        'local_rank': int(environ['SLURM_LOCALID']),
+        'world_size': int(environ['SLURM_NTASKS']),
+        'master_addr': d2lpar.distributed.expand_nodelist(environ['SLURM_NODELIST'])[0],
+    }
 
 
 WRONG = [
-    (exercises.check_slurm_ranks, slurm_variant(rank=lambda e: int(e['SLURM_NODEID'])),
-     'SLURM_NODEID numbers the machines'),
-    (exercises.check_slurm_ranks, slurm_variant(world_size=lambda e: int(e['SLURM_NNODES'])),
-     'counts processes, not machines'),
-    (exercises.check_slurm_ranks, slurm_variant(local_rank=lambda e: int(e['SLURM_PROCID'])),
-     'SLURM_LOCALID'),
+    (
+        exercises.check_slurm_ranks,
+        slurm_variant(rank=lambda e: int(e['SLURM_NODEID'])),
+        'SLURM_NODEID numbers the machines',
+    ),
+    (
+        exercises.check_slurm_ranks,
+        slurm_variant(world_size=lambda e: int(e['SLURM_NNODES'])),
+        'counts processes, not machines',
+    ),
+    (exercises.check_slurm_ranks, slurm_variant(local_rank=lambda e: int(e['SLURM_PROCID'])), 'SLURM_LOCALID'),
     (exercises.check_slurm_ranks, slurm_variant(rank=lambda e: e['SLURM_PROCID']), 'as an int'),
     (exercises.check_slurm_ranks, slurm_variant(master_addr=first_of_split), 'expand the node list'),
     (exercises.check_slurm_ranks, slurm_variant(master_addr=glued_digits), 'not IP addresses'),

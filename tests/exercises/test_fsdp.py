@@ -1,5 +1,6 @@
 """Notebook 11's checker, check_shard_rows: wrong answers get their hint; the reference agrees with
 torch.chunk."""
+
 import pytest
 import torch
 
@@ -8,12 +9,15 @@ from d2lpar import exercises
 from .reference import solution
 
 
-@pytest.mark.parametrize('wrong, hint', [
-    (lambda rows, n, rank: rows // n, 'even split'),
-    (lambda rows, n, rank: rows // n + (rank < rows % n), 'tensor_split'),
-    (lambda rows, n, rank: -(-rows // n), 'maybe none'),
-    (lambda rows, n, rank: -(-rows // n) if rank < n - 1 else rows % n, 'expected'),
-])
+@pytest.mark.parametrize(
+    'wrong, hint',
+    [
+        (lambda rows, n, rank: rows // n, 'even split'),
+        (lambda rows, n, rank: rows // n + (rank < rows % n), 'tensor_split'),
+        (lambda rows, n, rank: -(-rows // n), 'maybe none'),
+        (lambda rows, n, rank: -(-rows // n) if rank < n - 1 else rows % n, 'expected'),
+    ],
+)
 def test_shard_rows_wrong_answers_get_their_hint(wrong, hint):
     verdict = exercises.check_shard_rows(wrong, seed=0)
     assert not verdict.passed and hint in verdict.message, verdict

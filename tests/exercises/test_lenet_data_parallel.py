@@ -1,4 +1,5 @@
 """Notebook 8's checkers, check_ring_allreduce and check_split_batch: wrong answers get their hint."""
+
 import pytest
 import torch
 
@@ -10,6 +11,7 @@ from .reference import assert_rejected, wrong_ids
 
 def reference_ring(add):
     """Return a ring allreduce whose reduce-scatter step does `add(dst_chunk, src_chunk)`."""
+
     def ring(data):
         n = len(data)
         chunks = [t.view(-1).tensor_split(n) for t in data]
@@ -21,6 +23,7 @@ def reference_ring(add):
             for i in range(n):
                 c, dst = (i + 1 - step) % n, (i + 1) % n
                 chunks[dst][c].copy_(chunks[i][c])
+
     return ring
 
 
@@ -56,13 +59,17 @@ def averages(data):
 
 def drops_remainder(X, y, devices):
     size = X.shape[0] // len(devices)
-    return ([X[i * size:(i + 1) * size].to(d) for i, d in enumerate(devices)],
-            [y[i * size:(i + 1) * size].to(d) for i, d in enumerate(devices)])
+    return (
+        [X[i * size : (i + 1) * size].to(d) for i, d in enumerate(devices)],
+        [y[i * size : (i + 1) * size].to(d) for i, d in enumerate(devices)],
+    )
 
 
 def uses_chunk(X, y, devices):
-    return ([x.to(d) for x, d in zip(torch.chunk(X, len(devices)), devices)],
-            [t.to(d) for t, d in zip(torch.chunk(y, len(devices)), devices)])
+    return (
+        [x.to(d) for x, d in zip(torch.chunk(X, len(devices)), devices)],
+        [t.to(d) for t, d in zip(torch.chunk(y, len(devices)), devices)],
+    )
 
 
 def forgets_to_move(X, y, devices):
@@ -72,16 +79,21 @@ def forgets_to_move(X, y, devices):
 
 
 def allows_idle_devices(X, y, devices):
-    return ([x.to(d) for x, d in zip(torch.tensor_split(X, len(devices)), devices)],
-            [t.to(d) for t, d in zip(torch.tensor_split(y, len(devices)), devices)])
+    return (
+        [x.to(d) for x, d in zip(torch.tensor_split(X, len(devices)), devices)],
+        [t.to(d) for t, d in zip(torch.tensor_split(y, len(devices)), devices)],
+    )
 
 
 WRONG = [
     (exercises.check_ring_allreduce, aliases_replicas, 'share memory'),
     (exercises.check_ring_allreduce, rebinds_entries, 'is a new tensor'),
     (exercises.check_ring_allreduce, assigns_to_local_name, 'unchanged'),
-    (exercises.check_ring_allreduce, reference_ring(lambda dst, src: dst.copy_(src)),
-     'assigned where it should be added'),
+    (
+        exercises.check_ring_allreduce,
+        reference_ring(lambda dst, src: dst.copy_(src)),
+        'assigned where it should be added',
+    ),
     (exercises.check_ring_allreduce, averages, 'mean'),
     (exercises.check_ring_allreduce, sums_then_copies, 'not computed by a ring'),
     (exercises.check_ring_allreduce, d2lpar.allreduce, 'the naive allreduce'),
@@ -99,7 +111,8 @@ def test_wrong_answer_fails_with_its_hint(check, answer, hint):
 
 def test_chunk_that_runs_out_of_rows_is_explained():
     verdict = exercises.check_split_batch(
-        lambda X, y, devices: (list(torch.chunk(X, len(devices))), list(torch.chunk(y, 4))))
+        lambda X, y, devices: (list(torch.chunk(X, len(devices))), list(torch.chunk(y, 4)))
+    )
     # 10 rows on 4 devices: chunk balances badly; 5 rows on 4: it makes only 3 parts.
     assert not verdict.passed and 'torch.tensor_split' in verdict.message
 

@@ -1,5 +1,6 @@
 """Every notebook's Exercises section calls a checker whose reference solution is in its solutions
 notebook, and its stubs run as a learner meets them: "not attempted yet", never an exception."""
+
 import ast
 import contextlib
 import io
@@ -20,8 +21,14 @@ def chapters():
 def exercise_cells(path):
     """Return the code cells of a notebook's Exercises section (stubs and checker calls)."""
     nb = json.loads(path.read_text())
-    start = max((i for i, c in enumerate(nb['cells']) if c['cell_type'] == 'markdown'
-                 and re.search(r'^#+\s*Exercises', ''.join(c['source']), re.M)), default=None)
+    start = max(
+        (
+            i
+            for i, c in enumerate(nb['cells'])
+            if c['cell_type'] == 'markdown' and re.search(r'^#+\s*Exercises', ''.join(c['source']), re.M)
+        ),
+        default=None,
+    )
     if start is None:
         return []
     return [''.join(c['source']) for c in nb['cells'][start:] if c['cell_type'] == 'code']
@@ -44,12 +51,12 @@ def test_every_notebook_has_a_checked_exercise_with_a_solution():
     solved = {c.__name__: chapter for c, (chapter, _) in CHECKS.items()}
     for path in chapters():
         used = [name for source in exercise_cells(path) for name in checker_calls(source)]
-        assert used, (f'{path.name} has no checked exercise: its Exercises section calls no '
-                      'd2lpar.exercises checker')
+        assert used, f'{path.name} has no checked exercise: its Exercises section calls no d2lpar.exercises checker'
         for name in used:
             assert name in solved, f'{path.name} calls exercises.{name}, which does not exist'
-            assert solved[name] == path.stem, \
+            assert solved[name] == path.stem, (
                 f'{path.name}: the reference solution for {name} is in {solved[name]}_solutions'
+            )
 
 
 @pytest.mark.parametrize('path', chapters(), ids=lambda p: p.stem)

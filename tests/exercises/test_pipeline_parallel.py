@@ -1,4 +1,5 @@
 """Notebook 13's checker, check_interleaved_stages: wrong answers get their hint."""
+
 import pytest
 
 from d2lpar import exercises
@@ -22,12 +23,16 @@ def stages_off_by_one(rank, p, v, style):
     return [rank + k * p for k in range(v)] if style == 'loop' else [rank, 2 * p - rank]
 
 
-@pytest.mark.parametrize('wrong, hint', [
-    (stages_contiguous, 'neighbouring stages'),
-    (stages_reversed, 'in another order'),
-    (stages_loop_for_v, 'is the loop placement'),
-    (stages_off_by_one, "'v' (v = 2): rank r holds stage r"),
-], ids=lambda x: getattr(x, '__name__', None))
+@pytest.mark.parametrize(
+    'wrong, hint',
+    [
+        (stages_contiguous, 'neighbouring stages'),
+        (stages_reversed, 'in another order'),
+        (stages_loop_for_v, 'is the loop placement'),
+        (stages_off_by_one, "'v' (v = 2): rank r holds stage r"),
+    ],
+    ids=lambda x: getattr(x, '__name__', None),
+)
 def test_interleaved_stages_wrong_answers_get_their_hint(wrong, hint):
     for seed in SEEDS:
         verdict = exercises.check_interleaved_stages(wrong, seed=seed)

@@ -1,4 +1,5 @@
 """Notebook 1's checker, check_pick_device: wrong answers get their hint."""
+
 import pytest
 import torch
 

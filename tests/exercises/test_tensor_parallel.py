@@ -1,5 +1,6 @@
 """Notebook 12's checker, check_row_parallel_linear: wrong answers get their hint; the reference agrees
 with autograd on the unsplit layer."""
+
 import pytest
 import torch
 
@@ -53,15 +54,19 @@ def rp_full_input_gradient(X, weight, bias, G, n, all_reduce):
     return [(s + bias, G @ weight, G.T @ x, G.sum(0)) for s, x, w in zip(sums, Xs, Ws)]
 
 
-@pytest.mark.parametrize('wrong, hint', [
-    (rp_no_all_reduce, 'missing all-reduce'),
-    (rp_reduces_twice, 'reducing twice'),
-    (rp_reduces_in_backward, 'reducing twice'),
-    (rp_wrong_dimension, 'weight.chunk(n, dim=1)'),
-    (rp_bias_on_every_rank, 'bias was added'),
-    (rp_sums_without_communicating, 'exactly one all_reduce'),
-    (rp_full_input_gradient, 'its block of X has shape'),
-], ids=lambda x: getattr(x, '__name__', None))
+@pytest.mark.parametrize(
+    'wrong, hint',
+    [
+        (rp_no_all_reduce, 'missing all-reduce'),
+        (rp_reduces_twice, 'reducing twice'),
+        (rp_reduces_in_backward, 'reducing twice'),
+        (rp_wrong_dimension, 'weight.chunk(n, dim=1)'),
+        (rp_bias_on_every_rank, 'bias was added'),
+        (rp_sums_without_communicating, 'exactly one all_reduce'),
+        (rp_full_input_gradient, 'its block of X has shape'),
+    ],
+    ids=lambda x: getattr(x, '__name__', None),
+)
 def test_row_parallel_wrong_answers_get_their_hint(wrong, hint):
     for seed in SEEDS:
         verdict = exercises.check_row_parallel_linear(wrong, seed=seed)
@@ -75,8 +80,7 @@ def test_row_parallel_reference_agrees_with_autograd_on_the_unsplit_layer():
     G = torch.randn(5, 4)
     out = layer(X)
     out.backward(G)
-    ranks = fn(X.detach(), layer.weight.detach(), layer.bias.detach(), G, n,
-               lambda ts: [sum(ts)] * len(ts))
+    ranks = fn(X.detach(), layer.weight.detach(), layer.bias.detach(), G, n, lambda ts: [sum(ts)] * len(ts))
     for r, (o, gx, gw, gb) in enumerate(ranks):
         torch.testing.assert_close(o, out.detach())
         torch.testing.assert_close(gx, X.grad.chunk(n, 1)[r])

@@ -1,6 +1,7 @@
 """What every checker promises (d2lpar/exercises/_verdict.py): the reference solution passes, a stub is
 "not attempted yet", an answer that raises or returns nonsense becomes a verdict, the global random state
 is left alone."""
+
 import random
 
 import pytest
@@ -46,8 +47,7 @@ def test_a_function_that_raises_becomes_the_verdict(check):
 
 
 @pytest.mark.parametrize('check', CHECKS, ids=ids)
-@pytest.mark.parametrize('answer', [None, 42, object, lambda *a, **k: object(),
-                                    lambda *a, **k: [[('x', 'y')]]])
+@pytest.mark.parametrize('answer', [None, 42, object, lambda *a, **k: object(), lambda *a, **k: [[('x', 'y')]]])
 def test_odd_answers_fail_without_raising(check, answer):
     verdict = check(answer)
     assert not verdict.passed and verdict.attempted and verdict.message, verdict

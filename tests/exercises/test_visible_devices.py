@@ -1,4 +1,5 @@
 """Notebook 2's checker, check_visible_count: wrong answers get their hint."""
+
 import pytest
 
 import d2lpar

@@ -1,5 +1,6 @@
 """Notebook 10's checker, check_zero2_hook: wrong answers get their hint, ranks that never meet fail
 without hanging."""
+
 import pytest
 import torch
 
@@ -26,7 +27,7 @@ def zero2_variant(divide=1, row=0, free=True, per_parameter=False, forget=True):
                 if free:
                     q.grad = None
             reduce_scatter(list(rows))
-            for q, grad in zip(params, (rows[(rank + row) % n] / n ** divide).split(sizes)):
+            for q, grad in zip(params, (rows[(rank + row) % n] / n**divide).split(sizes)):
                 shards[q].grad = grad
 
         def hook(p):
@@ -37,20 +38,25 @@ def zero2_variant(divide=1, row=0, free=True, per_parameter=False, forget=True):
                 if forget:
                     ready.clear()
                 reduce(bucket)
+
         return hook
+
     return zero2_hook
 
 
 @pytest.mark.parametrize('seed', range(3))
-@pytest.mark.parametrize('wrong, hint', [
-    (zero2_variant(divide=0), 'N = 2 times too large'),
-    (zero2_variant(divide=2), 'divided twice'),
-    (zero2_variant(row=1), "another rank's shard"),
-    (zero2_variant(free=False), 'the peak is not lowered'),
-    (zero2_variant(per_parameter=True), 'one per bucket'),
-    (zero2_variant(forget=False), 'failed in the second'),
-], ids=['no-division', 'doubled-division', 'wrong-row', 'not-freed', 'per-parameter',
-        'count-not-cleared'])
+@pytest.mark.parametrize(
+    'wrong, hint',
+    [
+        (zero2_variant(divide=0), 'N = 2 times too large'),
+        (zero2_variant(divide=2), 'divided twice'),
+        (zero2_variant(row=1), "another rank's shard"),
+        (zero2_variant(free=False), 'the peak is not lowered'),
+        (zero2_variant(per_parameter=True), 'one per bucket'),
+        (zero2_variant(forget=False), 'failed in the second'),
+    ],
+    ids=['no-division', 'doubled-division', 'wrong-row', 'not-freed', 'per-parameter', 'count-not-cleared'],
+)
 def test_zero2_hook_wrong_answers_get_their_hint(wrong, hint, seed):
     verdict = exercises.check_zero2_hook(wrong, seed=seed)
     assert not verdict.passed and verdict.attempted and hint in verdict.message, verdict
@@ -67,5 +73,6 @@ def test_zero2_hook_ranks_that_never_meet_fail_without_hanging(monkeypatch):
 
     def rank0_skips(bucket, shards, n, rank, reduce_scatter):
         return solution_hook(bucket, shards, n, rank, reduce_scatter if rank else lambda rows: rows)
+
     verdict = exercises.check_zero2_hook(rank0_skips, seed=0)
     assert not verdict.passed and 'did not meet' in verdict.message, verdict

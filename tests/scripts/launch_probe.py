@@ -3,6 +3,7 @@
 Run:  torchrun --nproc-per-node=2 tests/scripts/launch_probe.py --mode ok
 Only 'ok' and 'dist' import torch (through d2lpar); the others start fast.
 """
+
 import argparse
 import os
 import signal
@@ -10,8 +11,9 @@ import sys
 import time
 
 parser = argparse.ArgumentParser()
-parser.add_argument('--mode', choices=['ok', 'quick', 'crash', 'hang', 'stubborn', 'dist',
-                                       'cprint', 'listen', 'restart'], default='ok')
+parser.add_argument(
+    '--mode', choices=['ok', 'quick', 'crash', 'hang', 'stubborn', 'dist', 'cprint', 'listen', 'restart'], default='ok'
+)
 parser.add_argument('--crash-rank', type=int, default=1, help="the rank that crashes in 'crash'")
 parser.add_argument('--local-rank', '--local_rank', type=int, default=None)
 args = parser.parse_args()
@@ -19,6 +21,7 @@ rank = int(os.environ.get('RANK', 0))
 print(f'hello from rank {rank} pid {os.getpid()} argv {sys.argv[1:]}', flush=True)
 if args.mode == 'ok':
     from d2lpar.distributed import emit_result
+
     cmdlines = {}  # this rank's command line and its parent's (torchrun), where /proc has them
     for who, pid in (('rank', os.getpid()), ('parent', os.getppid())):
         try:
@@ -26,9 +29,14 @@ if args.mode == 'ok':
                 cmdlines[who] = [w.decode() for w in f.read().split(b'\0')[:-1]]
         except OSError:
             pass
-    emit_result(pid=os.getpid(), argv=sys.argv[1:], local_rank_env=os.environ.get('LOCAL_RANK'),
-                world_size=int(os.environ.get('WORLD_SIZE', 1)), cmdlines=cmdlines,
-                environ=dict(os.environ))
+    emit_result(
+        pid=os.getpid(),
+        argv=sys.argv[1:],
+        local_rank_env=os.environ.get('LOCAL_RANK'),
+        world_size=int(os.environ.get('WORLD_SIZE', 1)),
+        cmdlines=cmdlines,
+        environ=dict(os.environ),
+    )
 elif args.mode == 'crash':
     if rank == args.crash_rank:
         time.sleep(0.5)
@@ -45,9 +53,11 @@ elif args.mode == 'restart':  # rank 1 fails on the first attempt only; torchrun
             raise SystemExit(3)
         time.sleep(300)  # torchrun stops this rank when rank 1 fails, then restarts both
     from d2lpar.distributed import emit_result
+
     emit_result(attempt=attempt, pid=os.getpid())
 elif args.mode == 'cprint':  # C stdio into a file is fully buffered: only a flush shows this
     import ctypes
+
     libc = ctypes.CDLL(None)
     if sys.platform.startswith('linux'):  # as without `python -u` (mp.spawn's children): buffered
         c_buffer = ctypes.create_string_buffer(1 << 16)  # glibc keeps -u's 1-byte one otherwise
@@ -66,6 +76,7 @@ elif args.mode == 'listen':  # hold the store and gloo's sockets open for a whil
     import torch
     import torch.distributed as dist
     from d2lpar.distributed import default_timeout
+
     dist.init_process_group('gloo', timeout=default_timeout())
     t = torch.ones(1)
     dist.all_reduce(t)
@@ -77,6 +88,7 @@ elif args.mode == 'dist':
     import torch
     import torch.distributed as dist
     from d2lpar.distributed import default_timeout, emit_result
+
     dist.init_process_group('gloo', timeout=default_timeout())
     t = torch.tensor([float(rank + 1)])
     dist.all_reduce(t)

@@ -7,6 +7,7 @@ scripts.py        `gpucheck.py script`: write a notebook's %%writefile script, l
 machine.py        the driver asked before any row: GPUs it lists, and why torch cannot use them
 running.py        one row run in a session of its own, ended on timeout, its results checked
 """
+
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,5 @@
 """The GPUs the driver lists, and why torch cannot use them: asked before any row."""
+
 import re
 import shutil
 import subprocess
@@ -10,9 +11,12 @@ def gpu_facts(driver=None):
     """Return lines describing the GPUs, the driver and the torch, CUDA and NCCL builds."""
     import torch
     import d2lpar
+
     driver = driver or driver_gpus()
-    lines = [f'torch {torch.__version__}, CUDA {torch.version.cuda or "none"}, '
-             f'NCCL {".".join(map(str, torch.cuda.nccl.version())) if d2lpar.num_gpus() else "-"}']
+    lines = [
+        f'torch {torch.__version__}, CUDA {torch.version.cuda or "none"}, '
+        f'NCCL {".".join(map(str, torch.cuda.nccl.version())) if d2lpar.num_gpus() else "-"}'
+    ]
     for i in range(d2lpar.num_gpus()):
         props = torch.cuda.get_device_properties(i)
         lines.append(f'cuda:{i} {props.name}, {props.total_memory / 2**30:.1f} GiB')
@@ -32,12 +36,13 @@ def driver_gpus(smi='nvidia-smi', proc=Path('/proc/driver/nvidia/gpus')):
     found = {'count': 0, 'version': None, 'cuda': None, 'exclusive': False}
     exe = shutil.which(smi)
     if exe:
+
         def ask(*args):
             try:
-                return subprocess.run([exe, *args], capture_output=True, text=True,
-                                      timeout=60).stdout
+                return subprocess.run([exe, *args], capture_output=True, text=True, timeout=60).stdout
             except (OSError, subprocess.TimeoutExpired):
                 return ''
+
         found['count'] = sum(1 for line in ask('-L').splitlines() if line.startswith('GPU '))
         header = ask()
         version = re.search(r'Driver Version:\s*([\d.]+)', header)
@@ -49,12 +54,14 @@ def driver_gpus(smi='nvidia-smi', proc=Path('/proc/driver/nvidia/gpus')):
         found['count'] = max(found['count'], sum(1 for p in Path(proc).iterdir()))
     except OSError:
         pass
-    found['summary'] = (f'{found["count"]} GPU(s) listed by the NVIDIA driver'
-                        + (f' {found["version"]}' if found['version'] else '')
-                        + (f', which runs CUDA up to {found["cuda"]}' if found['cuda'] else '')
-                        + (', in EXCLUSIVE_PROCESS compute mode' if found['exclusive'] else '')
-                        if found['count'] else 'no NVIDIA GPU (nvidia-smi and '
-                        '/proc/driver/nvidia list none)')
+    found['summary'] = (
+        f'{found["count"]} GPU(s) listed by the NVIDIA driver'
+        + (f' {found["version"]}' if found['version'] else '')
+        + (f', which runs CUDA up to {found["cuda"]}' if found['cuda'] else '')
+        + (', in EXCLUSIVE_PROCESS compute mode' if found['exclusive'] else '')
+        if found['count']
+        else 'no NVIDIA GPU (nvidia-smi and /proc/driver/nvidia list none)'
+    )
     return found
 
 
@@ -68,36 +75,51 @@ def preflight(driver, usable, torch_cuda, torch_version, visible, allow_cpu):
         return 0, None
     if driver['count'] == 0:
         if allow_cpu:
-            return 0, ('no GPU here (--allow-cpu): the rows a CPU can run verify no GPU path; '
-                       'every GPU row is SKIPPED')
-        return 3, ('gpucheck: no GPU here (nvidia-smi and /proc/driver/nvidia list none), so it '
-                   'would verify no GPU path. Run it on a machine with NVIDIA GPUs, or pass '
-                   '--allow-cpu to run the rows a CPU can.')
-    head = (f'gpucheck: the NVIDIA driver lists {driver["count"]} GPU(s), but torch '
-            f'{torch_version} can use none of them, so every GPU row would be skipped and the '
-            'run would verify nothing. ')
+            return 0, ('no GPU here (--allow-cpu): the rows a CPU can run verify no GPU path; every GPU row is SKIPPED')
+        return 3, (
+            'gpucheck: no GPU here (nvidia-smi and /proc/driver/nvidia list none), so it '
+            'would verify no GPU path. Run it on a machine with NVIDIA GPUs, or pass '
+            '--allow-cpu to run the rows a CPU can.'
+        )
+    head = (
+        f'gpucheck: the NVIDIA driver lists {driver["count"]} GPU(s), but torch '
+        f'{torch_version} can use none of them, so every GPU row would be skipped and the '
+        'run would verify nothing. '
+    )
     if visible is not None:
-        return 2, head + (f'CUDA_VISIBLE_DEVICES={visible!r} hides them (torch reads "", "-1" '
-                          'or an invalid entry as no GPU). Fix: unset it, or list GPU indices '
-                          'such as CUDA_VISIBLE_DEVICES=0,1.')
+        return 2, head + (
+            f'CUDA_VISIBLE_DEVICES={visible!r} hides them (torch reads "", "-1" '
+            'or an invalid entry as no GPU). Fix: unset it, or list GPU indices '
+            'such as CUDA_VISIBLE_DEVICES=0,1.'
+        )
     if not torch_cuda:
-        return 2, head + ('This torch is a CPU-only build. Fix: install a CUDA build of torch '
-                          '2.13 or newer for the driver\'s CUDA' + (
-                              f' ({driver["cuda"]} or older)' if driver['cuda'] else '')
-                          + ' in this environment (the command on pytorch.org/get-started/'
-                          'locally; its index URLs look like '
-                          'https://download.pytorch.org/whl/cu126), then run gpucheck again.')
+        return 2, head + (
+            'This torch is a CPU-only build. Fix: install a CUDA build of torch '
+            '2.13 or newer for the driver\'s CUDA'
+            + (f' ({driver["cuda"]} or older)' if driver['cuda'] else '')
+            + ' in this environment (the command on pytorch.org/get-started/'
+            'locally; its index URLs look like '
+            'https://download.pytorch.org/whl/cu126), then run gpucheck again.'
+        )
     newer = driver['cuda'] and tuple(map(int, driver['cuda'].split('.')[:2])) < tuple(
-        map(int, torch_cuda.split('.')[:2]))
-    reason = (f'This torch is built for CUDA {torch_cuda}, and the driver'
-              + (f' {driver["version"]}' if driver['version'] else '')
-              + (f' runs CUDA up to {driver["cuda"]}' if driver['cuda'] else '')
-              + (': CUDA cannot start. ' if newer else
-                 ': CUDA did not start (torch\'s "CUDA initialization" warning says why). '))
+        map(int, torch_cuda.split('.')[:2])
+    )
+    reason = (
+        f'This torch is built for CUDA {torch_cuda}, and the driver'
+        + (f' {driver["version"]}' if driver['version'] else '')
+        + (f' runs CUDA up to {driver["cuda"]}' if driver['cuda'] else '')
+        + (
+            ': CUDA cannot start. '
+            if newer
+            else ': CUDA did not start (torch\'s "CUDA initialization" warning says why). '
+        )
+    )
     return 2, head + reason + (
         'Fix, either: (1) install a driver that runs CUDA ' + torch_cuda + ' or newer; or (2) '
-        'install a torch 2.13 or newer built for CUDA ' + (driver['cuda'] or 'your driver\'s')
+        'install a torch 2.13 or newer built for CUDA '
+        + (driver['cuda'] or 'your driver\'s')
         + ' or older into this environment (pytorch.org/get-started/locally gives the command; '
         'its index URLs look like https://download.pytorch.org/whl/cu126), then run '
         f'`{Path(sys.executable).name} verify/gpucheck.py` with that environment\'s python '
-        '(make gpucheck installs the newest torch into .venv).')
+        '(make gpucheck installs the newest torch into .venv).'
+    )

@@ -1,4 +1,5 @@
 """One row run: in a session of its own, ended on timeout or Ctrl-C, its results checked."""
+
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ from .rows import _python
 def _end(proc):
     """End `proc`'s session: SIGTERM first (torchrun then stops its workers), then SIGKILL."""
     from d2lpar.processes import end_processes, launched_processes
+
     if proc.poll() is None:
         for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 5)):
             try:
@@ -39,6 +41,7 @@ def _read_results(folder):
 def run_row(row, log, results_dir, online=False):
     """Run one row, writing its output to `log`; return (ok, seconds, note)."""
     from d2lpar.launch import free_port
+
     env = dict(os.environ)
     env.pop('D2LPAR_SMALL', None)  # full size, as a learner runs it, unless the row says
     if not online:  # no download (it has no timeout): the announced stand-in data
@@ -51,17 +54,20 @@ def run_row(row, log, results_dir, online=False):
     start = time.perf_counter()
     if row.notebook is not None:
         # A child process, so that a row's CUDA_VISIBLE_DEVICES applies before CUDA starts.
-        code = ('import sys; from d2lpar.render import execute_notebook; '
-                'nb, setup, s, error = execute_notebook(sys.argv[1], timeout=int(sys.argv[2])); '
-                'print(setup); print(error or "ok"); sys.exit(1 if error else 0)')
+        code = (
+            'import sys; from d2lpar.render import execute_notebook; '
+            'nb, setup, s, error = execute_notebook(sys.argv[1], timeout=int(sys.argv[2])); '
+            'print(setup); print(error or "ok"); sys.exit(1 if error else 0)'
+        )
         argv = _python('-c', code, row.notebook, row.timeout)
     else:
         port = str(free_port()) if any(PORT in str(a) for a in row.argv) else None
         argv = [str(a).replace(PORT, port) if port else a for a in row.argv]
     with open(log, 'w') as out:
         # In a session of its own, so that a timeout or Ctrl-C ends the row's whole tree.
-        proc = subprocess.Popen(argv, cwd=NOTEBOOKS, env=env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            argv, cwd=NOTEBOOKS, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             proc.wait(timeout=row.timeout)
             ok, note = proc.returncode == 0, f'exit {proc.returncode}'

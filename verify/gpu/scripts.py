@@ -1,4 +1,5 @@
 """`gpucheck.py script NOTEBOOK SCRIPT`: write a notebook's %%writefile script, launch it, check it."""
+
 import argparse
 import json
 import os
@@ -32,34 +33,46 @@ def prepare_script(notebook, script, tmpdir):
     code = [c for c in nb.cells if c.cell_type == 'code']
     header = f'%%writefile {{work}}/{script}\n'
     grown = 'd2lpar.write_next(work / '
-    writes = [c.source.startswith(header) or (c.source.startswith(grown) and
-              f"work / '{script}'" in c.source.partition('\n')[0]) for c in code]
+    writes = [
+        c.source.startswith(header)
+        or (c.source.startswith(grown) and f"work / '{script}'" in c.source.partition('\n')[0])
+        for c in code
+    ]
     target = next((i for i, w in enumerate(writes) if w), None)
     if target is None:
-        raise SystemExit(f'gpucheck script: {notebook.name} has no cell starting with '
-                         f'{header.strip()!r} or writing it with d2lpar.write_next; check the '
-                         'script name')
-    nb.cells = [c for i, c in enumerate(code[:target + 1])
-                if i in (0, target) or c.source.lstrip().startswith('#@save')
-                or (code[target].source.startswith(grown)
-                    and c.source.startswith(('%%writefile', grown)))]
+        raise SystemExit(
+            f'gpucheck script: {notebook.name} has no cell starting with '
+            f'{header.strip()!r} or writing it with d2lpar.write_next; check the '
+            'script name'
+        )
+    nb.cells = [
+        c
+        for i, c in enumerate(code[: target + 1])
+        if i in (0, target)
+        or c.source.lstrip().startswith('#@save')
+        or (code[target].source.startswith(grown) and c.source.startswith(('%%writefile', grown)))
+    ]
     # Small: these cells only define and write; the script's own arguments set its size.
     env = dict(os.environ, TMPDIR=str(tmpdir), D2LPAR_SMALL='1')
     env.pop('MPLBACKEND', None)
     env.pop('PYTEST_CURRENT_TEST', None)
-    client = NotebookClient(nb, timeout=600, kernel_name='python3',
-                            resources={'metadata': {'path': str(notebook.parent)}})
+    client = NotebookClient(
+        nb, timeout=600, kernel_name='python3', resources={'metadata': {'path': str(notebook.parent)}}
+    )
     with client.setup_kernel(env=env, cwd=str(notebook.parent)):
         for index, cell in enumerate(nb.cells):
             try:
                 client.execute_cell(cell, index)
             except CellExecutionError as e:
-                raise SystemExit(f'gpucheck script: preparing {script} from {notebook.name}: '
-                                 f'{e.ename}: {e.evalue}') from None
+                raise SystemExit(
+                    f'gpucheck script: preparing {script} from {notebook.name}: {e.ename}: {e.evalue}'
+                ) from None
     written = sorted(Path(tmpdir).glob(f'*/{script}'))
     if len(written) != 1:
-        raise SystemExit(f'gpucheck script: expected {notebook.name} to write one {script} '
-                         f'under {tmpdir}, found {[str(w) for w in written]}')
+        raise SystemExit(
+            f'gpucheck script: expected {notebook.name} to write one {script} '
+            f'under {tmpdir}, found {[str(w) for w in written]}'
+        )
     return written[0].parent
 
 
@@ -68,19 +81,24 @@ def run_script(argv):
     parser = argparse.ArgumentParser(
         prog='gpucheck.py script',
         description='Run a script as a notebook writes it (%%writefile {work}/SCRIPT) under '
-                    'torchrun, and check what its ranks hand back.')
+        'torchrun, and check what its ranks hand back.',
+    )
     parser.add_argument('notebook', type=Path)
     parser.add_argument('script', help='file name of the %%writefile cell, e.g. tp_block.py')
     parser.add_argument('--nproc', type=int, default=2)
     parser.add_argument('--backend', choices=['gloo', 'nccl'], default='nccl')
     parser.add_argument('--device', choices=['cpu', 'cuda'], default='cuda')
-    parser.add_argument('--scratch', type=Path, default=None,
-                        help='folder for the notebook\'s work folder and the results '
-                             '(default: a fresh temporary folder, removed at the end)')
-    parser.epilog = ('After --, the script\'s own arguments; {work} in them stands for the folder '
-                     'the notebook wrote the script in.')
-    ours, script_args = (argv[:argv.index('--')], argv[argv.index('--') + 1:]) if '--' in argv \
-        else (argv, [])
+    parser.add_argument(
+        '--scratch',
+        type=Path,
+        default=None,
+        help='folder for the notebook\'s work folder and the results '
+        '(default: a fresh temporary folder, removed at the end)',
+    )
+    parser.epilog = (
+        'After --, the script\'s own arguments; {work} in them stands for the folder the notebook wrote the script in.'
+    )
+    ours, script_args = (argv[: argv.index('--')], argv[argv.index('--') + 1 :]) if '--' in argv else (argv, [])
     args = parser.parse_args(ours)
     args.args = script_args
     # gpucheck ends a row with SIGTERM: leave through `finally` (the kernel shut down, the
@@ -90,13 +108,16 @@ def run_script(argv):
         parser.error(f'no notebook {args.notebook}')
     if args.backend == 'nccl' or args.device == 'cuda':
         import d2lpar
+
         gpus = d2lpar.num_gpus()
         if args.nproc > gpus:
-            parser.error(f'--nproc {args.nproc} with --backend nccl --device cuda needs one GPU '
-                         f'per rank, and CUDA can use {gpus} here'
-                         + (f' ({d2lpar.gpu_problem()})' if d2lpar.gpu_problem() else '')
-                         + f'; use --nproc {gpus}' * (gpus > 0)
-                         + ' or --backend gloo --device cpu')
+            parser.error(
+                f'--nproc {args.nproc} with --backend nccl --device cuda needs one GPU '
+                f'per rank, and CUDA can use {gpus} here'
+                + (f' ({d2lpar.gpu_problem()})' if d2lpar.gpu_problem() else '')
+                + f'; use --nproc {gpus}' * (gpus > 0)
+                + ' or --backend gloo --device cpu'
+            )
     own = args.scratch is None
     scratch = Path(tempfile.mkdtemp(prefix='d2lpar-gpucheck-script-')) if own else args.scratch
     try:
@@ -105,13 +126,24 @@ def run_script(argv):
         results_dir.mkdir()
         work = prepare_script(args.notebook, args.script, tmpdir)
         print(f'{args.notebook.name} wrote {work / args.script}', flush=True)
-        env = dict(os.environ, TMPDIR=str(tmpdir), D2LPAR_RESULT_DIR=str(results_dir),
-                   PYTHONPATH=os.pathsep.join([str(work), str(ROOT)] + [
-                       p for p in [os.environ.get('PYTHONPATH')] if p]))
-        launch = _python('-m', 'torch.distributed.run', '--standalone',
-                         f'--nproc-per-node={args.nproc}', work / args.script,
-                         '--backend', args.backend, '--device', args.device,
-                         *(a.replace('{work}', str(work)) for a in args.args))
+        env = dict(
+            os.environ,
+            TMPDIR=str(tmpdir),
+            D2LPAR_RESULT_DIR=str(results_dir),
+            PYTHONPATH=os.pathsep.join([str(work), str(ROOT)] + [p for p in [os.environ.get('PYTHONPATH')] if p]),
+        )
+        launch = _python(
+            '-m',
+            'torch.distributed.run',
+            '--standalone',
+            f'--nproc-per-node={args.nproc}',
+            work / args.script,
+            '--backend',
+            args.backend,
+            '--device',
+            args.device,
+            *(a.replace('{work}', str(work)) for a in args.args),
+        )
         print('$', ' '.join(launch), flush=True)
         proc = subprocess.Popen(launch, cwd=work, env=env)
         try:
@@ -132,17 +164,20 @@ def run_script(argv):
             record = json.loads(f.read_text())
             results[record['rank']] = record
         try:
-            _expect(sorted(results) == list(range(args.nproc)),
-                    f'results from ranks {sorted(results)}, expected 0-{args.nproc - 1}')
+            _expect(
+                sorted(results) == list(range(args.nproc)),
+                f'results from ranks {sorted(results)}, expected 0-{args.nproc - 1}',
+            )
             check = CHECKS.get(args.script)
             if check:
                 check(results, args.args)
         except CheckFailed as e:
             print(f'{args.script}: check failed: {e}')
             return 1
-        print(f'{args.script} on {args.nproc} processes ({args.backend}, {args.device}): '
-              + ('checked: ' + check.__doc__.split(':', 1)[1].strip() if check
-                 else 'every rank handed back its result'))
+        print(
+            f'{args.script} on {args.nproc} processes ({args.backend}, {args.device}): '
+            + ('checked: ' + check.__doc__.split(':', 1)[1].strip() if check else 'every rank handed back its result')
+        )
         return 0
     finally:
         if own:

@@ -1,4 +1,5 @@
 """The exercise checkers' wrong-answer tests, read as rows of the mutants' table."""
+
 import os
 import re
 import shutil
@@ -13,6 +14,7 @@ from verify.mutants.verdicts import Row
 ROOT = Path(__file__).resolve().parents[2]
 EXERCISE_TESTS = 'tests/exercises'  # one test file per checker module; reference.py holds CHECKS
 
+
 def exercise_rows(root=ROOT, only=None, scratch=None):
     """Run the exercise checkers' wrong-answer tests once; return one Row per planted wrong answer."""
     start = time.monotonic()
@@ -22,9 +24,13 @@ def exercise_rows(root=ROOT, only=None, scratch=None):
         copy_repo(root, copy)
         if not (copy / EXERCISE_TESTS).is_dir():
             return []
-        code, cases, out = pytest(copy, [EXERCISE_TESTS, '-k', 'wrong', '-p',
-                                         'no:randomly'], f'exercises-{os.getpid()}', timeout=900,
-                                    first_failure_stops=False)
+        code, cases, out = pytest(
+            copy,
+            [EXERCISE_TESTS, '-k', 'wrong', '-p', 'no:randomly'],
+            f'exercises-{os.getpid()}',
+            timeout=900,
+            first_failure_stops=False,
+        )
         chapters = exercise_chapters(copy)
     finally:
         shutil.rmtree(base, ignore_errors=True)
@@ -44,11 +50,11 @@ def exercise_rows(root=ROOT, only=None, scratch=None):
         verdict = 'SURVIVED' if bad else 'CAUGHT'
         check = failing_line(bad[0])[1] if bad else 'its checker rejects it with the hint'
         answer = param.removeprefix(checker + '-')
-        rows.append(Row(chapter, f'exercise: {checker} rejects it', answer, verdict, check,
-                        seconds * len(results)))
+        rows.append(Row(chapter, f'exercise: {checker} rejects it', answer, verdict, check, seconds * len(results)))
     if code not in (0, 1) and not rows:
-        rows.append(Row('exercises', 'exercise checkers', EXERCISE_TESTS, 'BROKEN',
-                        tail(out), time.monotonic() - start))
+        rows.append(
+            Row('exercises', 'exercise checkers', EXERCISE_TESTS, 'BROKEN', tail(out), time.monotonic() - start)
+        )
     return rows
 
 

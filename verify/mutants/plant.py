@@ -1,4 +1,5 @@
 """Planting a mutant in a scratch copy of the repository, and keeping its notebook up to the catching cell."""
+
 import json
 import shutil
 import subprocess
@@ -12,13 +13,17 @@ class Broken(Exception):
 def repo_files(root):
     """Return the repository's tracked files and the untracked ones git does not ignore."""
     try:
-        out = subprocess.run(['git', 'ls-files', '-co', '--exclude-standard', '-z'], cwd=root,
-                             capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            ['git', 'ls-files', '-co', '--exclude-standard', '-z'], cwd=root, capture_output=True, text=True, check=True
+        ).stdout
         return [p for p in out.split('\0') if p and (Path(root) / p).is_file()]
     except (OSError, subprocess.CalledProcessError):  # not a git checkout: everything but caches
         skip = {'.git', '.venv', '.venv-floor', '__pycache__', 'build', '.ipynb_checkpoints'}
-        return [str(p.relative_to(root)) for p in Path(root).rglob('*')
-                if p.is_file() and not skip & set(p.relative_to(root).parts)]
+        return [
+            str(p.relative_to(root))
+            for p in Path(root).rglob('*')
+            if p.is_file() and not skip & set(p.relative_to(root).parts)
+        ]
 
 
 def copy_repo(root, dest):
@@ -79,6 +84,6 @@ def truncate(path, catch):
     """Keep the notebook up to the cell that contains `catch`; return its (cell index, code number)."""
     nb = json.loads(path.read_text())
     index, number = catch_cell(nb, catch, path.name)
-    nb['cells'] = nb['cells'][:index + 1]
+    nb['cells'] = nb['cells'][: index + 1]
     path.write_text(json.dumps(nb, indent=1))
     return index, number

@@ -4,6 +4,7 @@ A mutant is one small, named change to the code a check exists to guard (a saved
 cell, a script, a package function), tied to the check that must catch it.
 `verify/mutants/nbNN.py` holds the mutants of notebook NN as `MUTANTS = [...]`.
 """
+
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ class Mutant:
     is given. run: a pytest node id or path to run instead of the notebook.
     quick: part of the fast subset CI runs.
     """
+
     name: str
     notebook: str
     claim: str
@@ -45,8 +47,9 @@ def load(folder=HERE):
             if not isinstance(mutant, Mutant):
                 raise TypeError(f'{path.name}: MUTANTS holds {mutant!r}, not a Mutant')
             if mutant.name in seen:
-                raise ValueError(f'mutant name {mutant.name!r} is used in {seen[mutant.name]} '
-                                 f'and {path.name}; names must be unique')
+                raise ValueError(
+                    f'mutant name {mutant.name!r} is used in {seen[mutant.name]} and {path.name}; names must be unique'
+                )
             seen[mutant.name] = path.name
             found.append(mutant)
     return found

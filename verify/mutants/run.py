@@ -23,6 +23,7 @@ answer that its checker must reject with its hint, so a passing test reads
 CAUGHT and a failing one SURVIVED. They run in one pytest call (not with --quick:
 `make test` runs them anyway). Exit status 0 only when every row is CAUGHT.
 """
+
 import argparse
 import json
 import shutil
@@ -32,6 +33,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
+
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -51,15 +53,17 @@ COLUMNS = ('notebook', 'claim', 'mutant', 'verdict', 'catching check', 's')
 
 def print_row(row, lock=threading.Lock()):
     with lock:
-        print(f'{row.notebook[:24]:24} | {row.claim[:40]:40} | {row.name[:40]:40} | '
-              f'{row.verdict:16} | {row.check[:110]:110} | {row.seconds:5.0f}', flush=True)
+        print(
+            f'{row.notebook[:24]:24} | {row.claim[:40]:40} | {row.name[:40]:40} | '
+            f'{row.verdict:16} | {row.check[:110]:110} | {row.seconds:5.0f}',
+            flush=True,
+        )
 
 
 def select(mutants, quick=False, only=None):
     chosen = [m for m in mutants if not quick or m.quick]
     if only:
-        chosen = [m for m in chosen if m.name == only or m.notebook.startswith(only)
-                  or only in m.notebook]
+        chosen = [m for m in chosen if m.name == only or m.notebook.startswith(only) or only in m.notebook]
     return chosen
 
 
@@ -102,12 +106,15 @@ def main(argv=None):
     parser.add_argument('--only', help='a mutant name, or a notebook (prefix such as 08)')
     parser.add_argument('-j', type=int, default=1, help='mutants run at a time (default 1)')
     parser.add_argument('--list', action='store_true', help='list the mutants and exit')
-    parser.add_argument('--control', action='store_true',
-                        help='also run each notebook unmutated up to its last catching cell')
-    parser.add_argument('--check', action='store_true',
-                        help='only check that each mutant applies and names one cell (no runs)')
-    parser.add_argument('--no-exercises', action='store_true',
-                        help="leave out the exercise checkers' wrong-answer rows")
+    parser.add_argument(
+        '--control', action='store_true', help='also run each notebook unmutated up to its last catching cell'
+    )
+    parser.add_argument(
+        '--check', action='store_true', help='only check that each mutant applies and names one cell (no runs)'
+    )
+    parser.add_argument(
+        '--no-exercises', action='store_true', help="leave out the exercise checkers' wrong-answer rows"
+    )
     args = parser.parse_args(argv)
 
     mutants = select(load(), args.quick, args.only)
@@ -145,8 +152,7 @@ def main(argv=None):
     try:
         with ThreadPoolExecutor(max_workers=max(1, args.j)) as pool:
             futures = {pool.submit(run_mutant, m, ROOT, scratch): False for m in jobs}
-            futures.update({pool.submit(run_mutant, m, ROOT, scratch, True): True
-                            for m in controls})
+            futures.update({pool.submit(run_mutant, m, ROOT, scratch, True): True for m in controls})
             exercises = None
             if not args.quick and not args.no_exercises:
                 exercises = pool.submit(exercise_rows, ROOT, args.only, scratch)
@@ -171,8 +177,11 @@ def main(argv=None):
         print('\nnot caught by their check:')
         for row in bad:
             print(f'  {row.name}: {row.verdict} {row.check}')
-    print(f'\n{len(rows)} rows: ' + ', '.join(f'{n} {v}' for v, n in sorted(counts.items()))
-          + f'; {time.monotonic() - start:.0f} s')
+    print(
+        f'\n{len(rows)} rows: '
+        + ', '.join(f'{n} {v}' for v, n in sorted(counts.items()))
+        + f'; {time.monotonic() - start:.0f} s'
+    )
     return 1 if bad or not rows else 0
 
 

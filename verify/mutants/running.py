@@ -1,4 +1,5 @@
 """pytest run in a scratch copy as the test suite runs it; its report read back; leftovers ended."""
+
 import os
 import re
 import signal
@@ -37,12 +38,20 @@ def pytest(copy, args, tag, timeout, first_failure_stops=True):
     tmp = copy.parent / 'tmp'
     tmp.mkdir(exist_ok=True)
     env = dict(os.environ, PYTHONPATH=str(copy), TMPDIR=str(tmp), **{MARK: tag})
-    cmd = [sys.executable, '-m', 'pytest', *(['-x'] if first_failure_stops else []), '-q',
-           f'--junitxml={report}',
-           f'--nbval-cell-timeout={CELL_TIMEOUT}', *args]
+    cmd = [
+        sys.executable,
+        '-m',
+        'pytest',
+        *(['-x'] if first_failure_stops else []),
+        '-q',
+        f'--junitxml={report}',
+        f'--nbval-cell-timeout={CELL_TIMEOUT}',
+        *args,
+    ]
     try:
-        proc = subprocess.run(cmd, cwd=copy, env=env, capture_output=True, text=True,
-                              timeout=timeout, start_new_session=True)
+        proc = subprocess.run(
+            cmd, cwd=copy, env=env, capture_output=True, text=True, timeout=timeout, start_new_session=True
+        )
         code, out = proc.returncode, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as e:
         code, out = 'timeout', f'pytest ran past {timeout} s\n{e.stdout or ""}'
@@ -53,8 +62,7 @@ def pytest(copy, args, tag, timeout, first_failure_stops=True):
         for case in ET.parse(report).iter('testcase'):
             problems = list(case.findall('failure')) + list(case.findall('error'))
             text = '\n'.join(ANSI.sub('', p.text or p.get('message') or '') for p in problems)
-            status = 'failed' if problems else (
-                'skipped' if case.find('skipped') is not None else 'passed')
+            status = 'failed' if problems else ('skipped' if case.find('skipped') is not None else 'passed')
             cases.append((case.get('classname', ''), case.get('name', ''), status, text))
     except (OSError, ET.ParseError):
         pass
@@ -69,8 +77,7 @@ def failing_line(text):
     arrows = [m.group(1).strip() for ln in last.splitlines() if (m := ARROW.match(ln.strip()))]
     arrows = arrows or [m.group(1).strip() for ln in lines if (m := ARROW.match(ln.strip()))]
     # the check itself when it is among the marked lines (a `finally:` may be marked first)
-    where = next((a for a in arrows if a.startswith(('assert', 'torch.testing.assert'))),
-                 arrows[0] if arrows else '')
+    where = next((a for a in arrows if a.startswith(('assert', 'torch.testing.assert'))), arrows[0] if arrows else '')
     if not where:  # pytest's own assertion report: `>       assert ...`
         where = next((ln[1:].strip() for ln in lines if ln.startswith('>')), '')
     errors = [ln.strip() for ln in lines if re.match(r'\s*(E\s+)?[\w.]*(Error|Exception|Interrupt)\b', ln)]

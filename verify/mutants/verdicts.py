@@ -1,4 +1,5 @@
 """One mutant planted and run: its verdict (CAUGHT, CAUGHT-ELSEWHERE, SURVIVED, BROKEN) as a Row."""
+
 import json
 import os
 import re
@@ -35,41 +36,59 @@ def run_mutant(mutant, root=ROOT, scratch=None, control=False):
             if not (copy / nb).is_file():
                 raise Broken(f'{nb} does not exist')
             index, number = truncate(copy / nb, mutant.catch)
-            code, cases, out = pytest(copy, [nb], f'{base.name}-{os.getpid()}',
-                                      timeout=CELL_TIMEOUT * 4)
+            code, cases, out = pytest(copy, [nb], f'{base.name}-{os.getpid()}', timeout=CELL_TIMEOUT * 4)
             ran = [c for c in cases if c[1].startswith('Cell ')]
             failed = first_failure(cases)
             if failed is None:
                 if code == 0 and ran:
-                    return Row(mutant.notebook, mutant.claim, label,
-                               'PASSED' if control else 'SURVIVED', '', time.monotonic() - start)
+                    return Row(
+                        mutant.notebook,
+                        mutant.claim,
+                        label,
+                        'PASSED' if control else 'SURVIVED',
+                        '',
+                        time.monotonic() - start,
+                    )
                 raise Broken(f'pytest exited {code} without a failing cell: {tail(out)}')
             where, error = failing_line(failed[3])
             cell = int(failed[1].split()[1]) if failed[1].startswith('Cell ') else None
             shown = f'{where}  [{error}]' if error else where
             if cell == number:
                 verdict = 'FAILED' if control else 'CAUGHT'
-                return Row(mutant.notebook, mutant.claim, label, verdict,
-                           f'[{index}] {shown}', time.monotonic() - start)
+                return Row(
+                    mutant.notebook, mutant.claim, label, verdict, f'[{index}] {shown}', time.monotonic() - start
+                )
             at = code_index_to_cell(copy / nb, cell)
             verdict = 'FAILED' if control else 'CAUGHT-ELSEWHERE'
-            return Row(mutant.notebook, mutant.claim, label, verdict,
-                       f'[{at}] (not [{index}]) {shown}', time.monotonic() - start)
-        code, cases, out = pytest(copy, [mutant.run], f'{base.name}-{os.getpid()}',
-                                  timeout=CELL_TIMEOUT * 4)
+            return Row(
+                mutant.notebook,
+                mutant.claim,
+                label,
+                verdict,
+                f'[{at}] (not [{index}]) {shown}',
+                time.monotonic() - start,
+            )
+        code, cases, out = pytest(copy, [mutant.run], f'{base.name}-{os.getpid()}', timeout=CELL_TIMEOUT * 4)
         failed = first_failure(cases)
         if failed is None:
             if code == 0 and cases:
-                return Row(mutant.notebook, mutant.claim, label,
-                           'PASSED' if control else 'SURVIVED', '', time.monotonic() - start)
+                return Row(
+                    mutant.notebook,
+                    mutant.claim,
+                    label,
+                    'PASSED' if control else 'SURVIVED',
+                    '',
+                    time.monotonic() - start,
+                )
             raise Broken(f'pytest exited {code} without a failing test: {tail(out)}')
         where, error = failing_line(failed[3])
         key = mutant.catch.split('::')[-1]
         hit = failed[1] == key or failed[1].startswith(key + '[')
         verdict = 'FAILED' if control else ('CAUGHT' if hit else 'CAUGHT-ELSEWHERE')
         name = failed[1] if hit else f'{failed[1]} (not {key})'
-        return Row(mutant.notebook, mutant.claim, label, verdict,
-                   f'{name}: {where}  [{error}]', time.monotonic() - start)
+        return Row(
+            mutant.notebook, mutant.claim, label, verdict, f'{name}: {where}  [{error}]', time.monotonic() - start
+        )
     except Broken as e:
         return Row(mutant.notebook, mutant.claim, label, 'BROKEN', str(e), time.monotonic() - start)
     finally:
