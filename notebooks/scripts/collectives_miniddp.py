@@ -15,7 +15,6 @@ global batch.
 Backend: gloo with CPU tensors, unless every process can have a GPU of its own
 (2+ GPUs): then nccl, one GPU per process (d2lpar.distributed.pick_backend).
 """
-
 import argparse
 import copy
 import math
@@ -28,7 +27,8 @@ from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import d2lpar
-from d2lpar.distributed import count_calls, default_timeout, dist_env, emit_result, exit_now, pick_backend, rank_device
+from d2lpar.distributed import (count_calls, default_timeout, dist_env, emit_result, exit_now,
+                                pick_backend, rank_device)
 from d2lpar.miniddp import BucketDDP, HookDDP, MiniDDP
 
 VARIANTS = {'hook': HookDDP, 'buckets': BucketDDP, 'overlap': MiniDDP}
@@ -49,9 +49,8 @@ def make_net(model, seed):
     if model == 'lenet':
         return LeNet(d2lpar.init_lenet_params(seed=seed))
     torch.manual_seed(seed)
-    return nn.Sequential(
-        nn.Flatten(), nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)
-    )
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512),
+                         nn.ReLU(), nn.Linear(512, 10))
 
 
 def get_batches(args):
@@ -60,10 +59,8 @@ def get_batches(args):
         X, y = torch.load(args.data, weights_only=True)
         return list(zip(X.split(args.batch_size), y.split(args.batch_size)))
     g = torch.Generator().manual_seed(0)  # the same on every rank
-    return [
-        (torch.rand(args.batch_size, 1, 28, 28, generator=g), torch.randint(0, 10, (args.batch_size,), generator=g))
-        for _ in range(4)
-    ]
+    return [(torch.rand(args.batch_size, 1, 28, 28, generator=g),
+             torch.randint(0, 10, (args.batch_size,), generator=g)) for _ in range(4)]
 
 
 def train_steps(net, batches, steps, rank, n, device, lr):
@@ -91,7 +88,8 @@ def main():
     parser.add_argument('--data', default=None, help='.pt file with (X, y) of global batches')
     parser.add_argument('--batch-size', type=int, default=128, help='global batch size')
     parser.add_argument('--lr', type=float, default=0.1)
-    parser.add_argument('--buckets', type=float, nargs='+', default=[25.0], help='bucket caps in MB (inf: one bucket)')
+    parser.add_argument('--buckets', type=float, nargs='+', default=[25.0],
+                        help='bucket caps in MB (inf: one bucket)')
     parser.add_argument('--check-steps', type=int, default=0)
     parser.add_argument('--time-steps', type=int, default=0)
     parser.add_argument('--repeats', type=int, default=3)
@@ -102,7 +100,8 @@ def main():
     device = rank_device(backend, env.local_rank)  # nccl and cuda:<local rank>, or gloo and cpu
     # Bound to its GPU from the start (notebook 5): NCCL then knows each rank's device, and
     # barrier() need not guess it.
-    dist.init_process_group(backend, timeout=default_timeout(), device_id=device if device.type == 'cuda' else None)
+    dist.init_process_group(backend, timeout=default_timeout(),
+                            device_id=device if device.type == 'cuda' else None)
     rank, n = dist.get_rank(), dist.get_world_size()
     if args.batch_size % n:
         raise SystemExit(f'--batch-size {args.batch_size} must be a multiple of {n} processes')
@@ -121,14 +120,9 @@ def main():
                 cls = VARIANTS[variant]
                 yield f'{cls.__name__} {cap:g} MB', cls(copy.deepcopy(net), bucket_cap_mb=cap)
 
-    report = {
-        'world_size': n,
-        'backend': backend,
-        'device': str(device),
-        'params': sum(p.numel() for p in net.parameters()),
-        'param_tensors': len(list(net.parameters())),
-        'global_batch': args.batch_size,
-    }
+    report = {'world_size': n, 'backend': backend, 'device': str(device),
+              'params': sum(p.numel() for p in net.parameters()),
+              'param_tensors': len(list(net.parameters())), 'global_batch': args.batch_size}
     if args.check_steps:
         # One process on the whole global batch, from rank 0's initial parameters.
         single = make_net(args.model, seed=0).to(device)
@@ -142,18 +136,17 @@ def main():
                 report['allreduce_calls'][name] = calls['all_reduce']['calls'] / args.check_steps
                 report['buckets'][name] = [len(b) for b in getattr(wrapped, 'buckets', [])]
         reference = flat(single)
-        report['max_diff'] = {name: (p - results['DDP']).abs().max().item() for name, p in results.items()}
-        report['max_diff_single'] = {name: (p - reference).abs().max().item() for name, p in results.items()}
+        report['max_diff'] = {name: (p - results['DDP']).abs().max().item()
+                              for name, p in results.items()}
+        report['max_diff_single'] = {name: (p - reference).abs().max().item()
+                                     for name, p in results.items()}
         report['fingerprint'] = {name: p.double().sum().item() for name, p in results.items()}
         for name, p in results.items():
             torch.testing.assert_close(p, results['DDP'])
             torch.testing.assert_close(p, reference)
-        print(
-            f'after {args.check_steps} steps ' + ', '.join(results) + ' agree with one process '
-            f'on the global batch (largest difference '
-            f'{max(report["max_diff_single"].values()):.1e})',
-            flush=True,
-        )
+        print(f'after {args.check_steps} steps ' + ', '.join(results) + ' agree with one process '
+              f'on the global batch (largest difference '
+              f'{max(report["max_diff_single"].values()):.1e})', flush=True)
 
     if args.time_steps:
         models = list(variants())
@@ -162,21 +155,18 @@ def main():
             train_steps(wrapped, batches, 2, rank, n, device, args.lr)
         for r in range(args.repeats):
             # Interleaved and rotated, so bursts of background load hit every variant.
-            for name, wrapped in models[r % len(models) :] + models[: r % len(models)]:
+            for name, wrapped in models[r % len(models):] + models[:r % len(models)]:
                 dist.barrier()
                 start = time.perf_counter()
                 train_steps(wrapped, batches, args.time_steps, rank, n, device, args.lr)
                 d2lpar.synchronize(device)
-                elapsed = torch.tensor(
-                    [(time.perf_counter() - start) / args.time_steps], dtype=torch.float64, device=device
-                )
+                elapsed = torch.tensor([(time.perf_counter() - start) / args.time_steps],
+                                       dtype=torch.float64, device=device)
                 dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
                 best[name] = min(best[name], elapsed.item())
             if rank == 0:
-                print(
-                    f'round {r + 1}/{args.repeats}: ' + ', '.join(f'{k} {v * 1e3:.1f} ms' for k, v in best.items()),
-                    flush=True,
-                )
+                print(f'round {r + 1}/{args.repeats}: ' + ', '.join(
+                    f'{k} {v * 1e3:.1f} ms' for k, v in best.items()), flush=True)
         report['step_seconds'] = best
     emit_result(report)
     dist.destroy_process_group()

@@ -2,7 +2,6 @@
 
 Run:  torchrun --standalone --nproc-per-node=3 scripts/collectives_p2p.py
 """
-
 import datetime
 import time
 
@@ -55,7 +54,8 @@ if n >= 2:
         except RuntimeError as e:
             message = str(e).split('] ', 1)[-1][:100]  # drop gloo's source location
             report['deadlock'] = {'seconds': time.perf_counter() - start, 'error': message}
-            print(f'send-then-recv on both sides failed after {report["deadlock"]["seconds"]:.1f} s: {message}')
+            print(f'send-then-recv on both sides failed after '
+                  f'{report["deadlock"]["seconds"]:.1f} s: {message}')
 
 # 4. Non-blocking: isend/irecv return at once with a request; wait() completes it.
 #    Posting both before waiting lets every rank send right and receive from the left.

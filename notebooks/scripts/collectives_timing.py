@@ -5,7 +5,6 @@ Run:  torchrun --standalone --nproc-per-node=4 scripts/collectives_timing.py \
 Rank 0 hands back one record per (method, size): the best of `repeats`
 measurements, each the slowest rank's time (see d2lpar.collectives.allreduce_timings).
 """
-
 import argparse
 
 import torch.distributed as dist
@@ -27,10 +26,8 @@ for size in args.sizes:  # one size at a time, so that progress shows
         record['algbw'], record['busbw'] = bandwidths(size, record['seconds'], n)
     timings += records
     if dist.get_rank() == 0:
-        print(
-            f'{size / 2**10:8.0f} KB: ' + ', '.join(f'{r["method"]} {r["seconds"] * 1e3:.2f} ms' for r in records),
-            flush=True,
-        )
+        print(f'{size / 2**10:8.0f} KB: ' + ', '.join(
+            f'{r["method"]} {r["seconds"] * 1e3:.2f} ms' for r in records), flush=True)
 if dist.get_rank() == 0:
     emit_result(world_size=n, timings=timings)
 dist.destroy_process_group()

@@ -5,7 +5,6 @@ Not run by itself: `train_single.py`, `ddp_spawn.py`, `ddp_torchrun.py`,
 next to them). The training itself (`make_loader`, `train_ddp`) is d2lpar.ddp's,
 written in notebook 5's cells.
 """
-
 import argparse
 import datetime
 
@@ -21,40 +20,25 @@ def get_args(description):
     """Parse the flags every script accepts (each script uses the ones that apply to it)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument('--epochs', type=int, default=4)
-    parser.add_argument(
-        '--batch-size', type=int, default=32, help='global batch size: each of W processes takes batch_size / W'
-    )
+    parser.add_argument('--batch-size', type=int, default=32,
+                        help='global batch size: each of W processes takes batch_size / W')
     parser.add_argument('--lr', type=float, default=0.05)
     parser.add_argument('--num-samples', type=int, default=512)
     parser.add_argument('--seed', type=int, default=0)
-    parser.add_argument(
-        '--backend',
-        choices=BACKENDS,
-        default=None,
-        help='default: nccl when every process has a GPU of its own, else gloo',
-    )
-    parser.add_argument(
-        '--timeout',
-        type=float,
-        default=None,
-        help='seconds init_process_group (and each collective) may wait: short '
-        "(60) while debugging; default torch's (30 min gloo, 10 min nccl)",
-    )
+    parser.add_argument('--backend', choices=BACKENDS, default=None,
+                        help='default: nccl when every process has a GPU of its own, else gloo')
+    parser.add_argument('--timeout', type=float, default=None,
+                        help='seconds init_process_group (and each collective) may wait: short '
+                             "(60) while debugging; default torch's (30 min gloo, 10 min nccl)")
     parser.add_argument('--nproc', type=int, default=2, help='processes mp.spawn starts')
-    parser.add_argument(
-        '--init-method', default='env://', help='env://, tcp://HOST:PORT or file:///path (mp.spawn script)'
-    )
+    parser.add_argument('--init-method', default='env://',
+                        help='env://, tcp://HOST:PORT or file:///path (mp.spawn script)')
     parser.add_argument('--ckpt', default=None, help='checkpoint file, rewritten every epoch')
     parser.add_argument('--resume', action='store_true', help='continue from --ckpt')
-    parser.add_argument(
-        '--snapshot', default='snapshot.pt', help='ddp_restart.py: snapshot file, loaded at start if it exists'
-    )
-    parser.add_argument(
-        '--fail-at-epoch',
-        type=int,
-        default=None,
-        help='ddp_restart.py: rank 0 dies at the end of this epoch, first attempt',
-    )
+    parser.add_argument('--snapshot', default='snapshot.pt',
+                        help='ddp_restart.py: snapshot file, loaded at start if it exists')
+    parser.add_argument('--fail-at-epoch', type=int, default=None,
+                        help='ddp_restart.py: rank 0 dies at the end of this epoch, first attempt')
     args = parser.parse_args()
     if args.epochs < 1 or args.batch_size < 1 or args.num_samples < args.batch_size:
         parser.error('need epochs >= 1 and 1 <= batch-size <= num-samples')
@@ -69,10 +53,8 @@ def get_args(description):
 def local_batch_size(batch_size, world_size):
     """Return each process's share of the global batch, which must divide evenly."""
     if batch_size % world_size:
-        raise SystemExit(
-            f'--batch-size {batch_size} does not split evenly over {world_size} '
-            f'processes; choose a multiple of {world_size}'
-        )
+        raise SystemExit(f'--batch-size {batch_size} does not split evenly over {world_size} '
+                         f'processes; choose a multiple of {world_size}')
     return batch_size // world_size
 
 
@@ -97,7 +79,8 @@ def flat_params(net):
 
 def save_checkpoint(path, net, optimizer, epoch):
     """Write a checkpoint atomically (notebook 3's d2lpar.save_checkpoint): old file or new."""
-    d2lpar.save_checkpoint({'net': net.state_dict(), 'optimizer': optimizer.state_dict(), 'epoch': epoch}, path)
+    d2lpar.save_checkpoint({'net': net.state_dict(), 'optimizer': optimizer.state_dict(),
+                            'epoch': epoch}, path)
 
 
 def load_checkpoint(path, net, optimizer, map_location):

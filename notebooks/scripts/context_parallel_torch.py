@@ -11,7 +11,6 @@ where torch has no context-parallel rule for its CPU attention kernel: the
 rank then reports the error it got instead of a result. On GPUs (NCCL) such an
 error is a failure: the script exits with status 1.
 """
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -19,12 +18,14 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.experimental import context_parallel
 from torch.distributed.tensor.experimental._attention import context_parallel_unshard
 
-from d2lpar.distributed import default_timeout, dist_env, emit_result, pick_backend, rank_device
+from d2lpar.distributed import (default_timeout, dist_env, emit_result, pick_backend,
+                                rank_device)
 
 env = dist_env()
 backend = pick_backend(env.local_world_size)
 device = rank_device(backend, env.local_rank)
-dist.init_process_group(backend, timeout=default_timeout(), device_id=device if device.type == 'cuda' else None)
+dist.init_process_group(backend, timeout=default_timeout(),
+                        device_id=device if device.type == 'cuda' else None)
 rank, n = dist.get_rank(), dist.get_world_size()
 mesh = init_device_mesh(device.type, (n,))
 torch.backends.cuda.matmul.allow_tf32 = False  # float32 as written, on any GPU
@@ -52,10 +53,8 @@ try:
     bounds = [S * eps * b.abs().max().item() for b in theirs]  # rounding of sums of S terms
     assert all(e <= b for e, b in zip(errors, bounds)), (errors, bounds)
     report.update(supported=True, local_shape=list(local[0].shape), errors=errors)
-    print(
-        f'rank {rank}: context_parallel output and gradients equal full attention '
-        f'(largest difference {max(errors):.1e})'
-    )
+    print(f'rank {rank}: context_parallel output and gradients equal full attention '
+          f'(largest difference {max(errors):.1e})')
 except NotImplementedError as e:  # no context-parallel rule for this device's attention kernel
     report.update(supported=False, error=type(e).__name__, message=str(e).splitlines()[0])
     print(f'rank {rank}: context_parallel is not supported here: {report["message"]}')

@@ -2,7 +2,6 @@
 
 Run:  torchrun --standalone --nproc-per-node=2 scripts/ddp_anatomy.py
 """
-
 import argparse
 
 import torch
@@ -11,16 +10,15 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
-from d2lpar.distributed import BACKENDS, default_timeout, dist_env, emit_result, exit_now, pick_backend, rank_device
+from d2lpar.distributed import (BACKENDS, default_timeout, dist_env, emit_result, exit_now,
+                                pick_backend, rank_device)
 
 
 def sampler_shards(size=11):
     """Return this rank's indices: padded, with drop_last, and shuffled in epochs 0 and 1."""
     data = list(range(size))  # DistributedSampler reads rank and world size from the group
-    shards = {
-        'padded': list(DistributedSampler(data, shuffle=False)),
-        'dropped': list(DistributedSampler(data, shuffle=False, drop_last=True)),
-    }
+    shards = {'padded': list(DistributedSampler(data, shuffle=False)),
+              'dropped': list(DistributedSampler(data, shuffle=False, drop_last=True))}
     sampler = DistributedSampler(data, shuffle=True, seed=0)
     for epoch in (0, 1):
         sampler.set_epoch(epoch)
@@ -38,7 +36,8 @@ def sync_batchnorm_by_hand(rank, world_size, device, eps=1e-5):
     """
     g = torch.Generator().manual_seed(rank)  # ranks hold different batches, of unequal sizes
     X = (torch.randn(3 + rank, 4, generator=g) * (rank + 1) + rank).to(device)
-    mine = torch.cat([X.mean(0), X.var(0, unbiased=False), torch.tensor([float(len(X))], device=device)])
+    mine = torch.cat([X.mean(0), X.var(0, unbiased=False), torch.tensor([float(len(X))],
+                                                                        device=device)])
     gathered = [torch.empty_like(mine) for _ in range(world_size)]
     dist.all_gather(gathered, mine)  # every rank gets every rank's (mean, var, count)
     stats = torch.stack(gathered)
@@ -65,11 +64,8 @@ def unused_parameters(device, find_unused_parameters):
     """Train two steps; return DDP's error message, or None if there was none."""
     torch.manual_seed(0)
     on_gpu = device.type == 'cuda'
-    net = DDP(
-        TwoHeads().to(device),
-        device_ids=[device.index] if on_gpu else None,
-        find_unused_parameters=find_unused_parameters,
-    )
+    net = DDP(TwoHeads().to(device), device_ids=[device.index] if on_gpu else None,
+              find_unused_parameters=find_unused_parameters)
     for _ in range(2):
         try:
             net(torch.randn(8, 4, device=device)).sum().backward()
@@ -80,27 +76,19 @@ def unused_parameters(device, find_unused_parameters):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument(
-        '--backend',
-        choices=BACKENDS,
-        default=None,
-        help='default: nccl when every process has a GPU of its own, else gloo',
-    )
+    parser.add_argument('--backend', choices=BACKENDS, default=None,
+                        help='default: nccl when every process has a GPU of its own, else gloo')
     args = parser.parse_args()
     env = dist_env()
     backend = pick_backend(env.local_world_size, args.backend)
     # Bind this process to its device first (device_id too): NCCL then sets up on this GPU.
     device = rank_device(backend, env.local_rank)
-    dist.init_process_group(
-        backend,
-        init_method='env://',
-        rank=env.rank,
-        world_size=env.world_size,
-        timeout=default_timeout(),
-        device_id=device if device.type == 'cuda' else None,
-    )
+    dist.init_process_group(backend, init_method='env://', rank=env.rank,
+                            world_size=env.world_size, timeout=default_timeout(),
+                            device_id=device if device.type == 'cuda' else None)
     X, Y, mean, var = sync_batchnorm_by_hand(env.rank, env.world_size, device)
-    net = nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)))
+    net = nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(nn.Linear(4, 4),
+                                                                nn.BatchNorm1d(4)))
     sbn = nn.SyncBatchNorm(4, affine=False).to(device)
     try:  # the real module synchronises only GPU tensors: CPU ones in training raise
         syncbn = {'Y': sbn(X)}  # handed back as a CPU copy, compared in the notebook
@@ -110,24 +98,12 @@ def main():
         syncbn['eval'] = sbn.eval()(X)
     errors = {find: unused_parameters(device, find) for find in (False, True)}
     shards = sampler_shards()
-    print(
-        f'rank {env.rank} of {env.world_size}: shard of 11 items {shards["padded"]}, local batch of {X.shape[0]} rows',
-        flush=True,
-    )
+    print(f'rank {env.rank} of {env.world_size}: shard of 11 items {shards["padded"]}, '
+          f'local batch of {X.shape[0]} rows', flush=True)
     dist.destroy_process_group()
-    emit_result(
-        rank=env.rank,
-        backend=backend,
-        shards=shards,
-        X=X,
-        Y=Y,
-        mean=mean,
-        var=var,
-        converted=[type(m).__name__ for m in net],
-        syncbn=syncbn,
-        unused_error=errors[False],
-        unused_error_with_find=errors[True],
-    )
+    emit_result(rank=env.rank, backend=backend, shards=shards, X=X, Y=Y, mean=mean,
+                var=var, converted=[type(m).__name__ for m in net], syncbn=syncbn,
+                unused_error=errors[False], unused_error_with_find=errors[True])
     exit_now()  # DDP keeps gloo's threads alive, and Python's own teardown can abort on them
 
 

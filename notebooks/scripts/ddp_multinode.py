@@ -5,7 +5,6 @@ Run:  torchrun --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint
   (the same command on every node; HOST0 is any one of them) or, under SLURM,
   sbatch scripts/ddp_multinode.sbatch   (srun starts one process per task)
 """
-
 import os
 import socket
 import time
@@ -15,12 +14,12 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import common
-
 try:  # notebook 5's #@save cells, as you last ran them (d2lpar.save_cells wrote them)
     from ddp_steps import init_process, make_loader, train_ddp
 except ModuleNotFoundError:  # run outside the notebook: the package keeps the same cells
     from d2lpar.ddp import init_process, make_loader, train_ddp
-from d2lpar.distributed import dist_env, emit_result, exit_now, pick_backend, torch_env_from_slurm
+from d2lpar.distributed import (dist_env, emit_result, exit_now, pick_backend,
+                                torch_env_from_slurm)
 
 
 def main():
@@ -30,38 +29,27 @@ def main():
     os.environ.update(torch_env_from_slurm())  # srun: env:// below needs RANK, MASTER_ADDR...
     rank, world_size = env.rank, env.world_size
     backend = pick_backend(env.local_world_size, args.backend)  # --backend, checked; or auto
-    device = init_process(
-        backend,
-        rank,
-        world_size,
-        local_rank=env.local_rank,  # device first,
-        init_method='env://',
-        timeout=args.timeout,
-    )  # then the group
-    print(
-        f'{socket.gethostname()}: rank {rank} of {world_size}, local rank {env.local_rank}, '
-        f'{backend} on {device}, master {env.master_addr}:{env.master_port}',
-        flush=True,
-    )
+    device = init_process(backend, rank, world_size, local_rank=env.local_rank,  # device first,
+                          init_method='env://', timeout=args.timeout)  # then the group
+    print(f'{socket.gethostname()}: rank {rank} of {world_size}, local rank {env.local_rank}, '
+          f'{backend} on {device}, master {env.master_addr}:{env.master_port}', flush=True)
     torch.manual_seed(args.seed + rank)  # replicas start different on purpose...
     net = common.make_net().to(device)
     init = common.flat_params(net)
     on_gpu = device.type == 'cuda'
-    net = DDP(
-        net,
-        device_ids=[device.index] if on_gpu else None,  # ...DDP copies rank 0's
-        output_device=device.index if on_gpu else None,
-        find_unused_parameters=False,
-    )  # True only if forward skips some parameters
+    net = DDP(net, device_ids=[device.index] if on_gpu else None,  # ...DDP copies rank 0's
+              output_device=device.index if on_gpu else None,
+              find_unused_parameters=False)  # True only if forward skips some parameters
     synced = common.flat_params(net.module)
     dataset = common.make_dataset(args.num_samples, args.seed)
     sampler, train_iter = make_loader(
-        dataset, common.local_batch_size(args.batch_size, world_size), world_size, rank, args.seed
-    )
+        dataset, common.local_batch_size(args.batch_size, world_size), world_size, rank,
+        args.seed)
     optimizer = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9)
     first_epoch = 0
     if args.resume:  # every rank reads the file, onto its own device
-        first_epoch = common.load_checkpoint(args.ckpt, net.module, optimizer, map_location=device)
+        first_epoch = common.load_checkpoint(args.ckpt, net.module, optimizer,
+                                             map_location=device)
 
     def end_of_epoch(epoch, loss):
         if rank == 0:
@@ -72,27 +60,17 @@ def main():
             dist.barrier()  # no rank goes on before the checkpoint is complete
 
     start = time.perf_counter()  # each epoch ends with loss.item(), which waits for the GPU
-    losses = train_ddp(net, sampler, train_iter, optimizer, device, args.epochs, first_epoch, end_of_epoch)
+    losses = train_ddp(net, sampler, train_iter, optimizer, device, args.epochs, first_epoch,
+                       end_of_epoch)
     step_seconds = (time.perf_counter() - start) / (args.epochs - first_epoch) / len(train_iter)
     final = common.flat_params(net.module)
     replicas = [torch.empty_like(final) for _ in range(world_size)]
     dist.all_gather(replicas, final)
-    emit_result(
-        rank=rank,
-        world_size=world_size,
-        init=init,
-        synced=synced,
-        final=final,
-        losses=losses,
-        step_seconds=step_seconds,
-        shard=list(sampler),
-        backend=backend,
-        replica_gap=max((r - final).abs().max().item() for r in replicas),
-        local_rank=env.local_rank,
-        source=env.source,
-        host=socket.gethostname(),
-        master_addr=env.master_addr,
-    )
+    emit_result(rank=rank, world_size=world_size, init=init, synced=synced, final=final,
+                losses=losses, step_seconds=step_seconds, shard=list(sampler), backend=backend,
+                replica_gap=max((r - final).abs().max().item() for r in replicas),
+                local_rank=env.local_rank, source=env.source, host=socket.gethostname(),
+                master_addr=env.master_addr)
     dist.destroy_process_group()
     exit_now()  # DDP keeps gloo's threads alive, and Python's own teardown can abort on them
 

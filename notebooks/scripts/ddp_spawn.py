@@ -2,7 +2,6 @@
 
 Run:  python scripts/ddp_spawn.py --nproc 2 --epochs 4 --batch-size 32
 """
-
 import os
 import time
 
@@ -12,7 +11,6 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import common
-
 try:  # notebook 5's #@save cells, as you last ran them (d2lpar.save_cells wrote them)
     from ddp_steps import init_process, make_loader, train_ddp
 except ModuleNotFoundError:  # run outside the notebook: the package keeps the same cells
@@ -23,33 +21,25 @@ from d2lpar.distributed import emit_result, exit_now, pick_backend
 def worker(rank, world_size, args):
     """Run by each process mp.spawn starts; `rank` is its first argument."""
     backend = pick_backend(world_size, args.backend)  # --backend, checked; or nccl/gloo
-    device = init_process(
-        backend,
-        rank,
-        world_size,
-        local_rank=rank,  # the device first,
-        init_method=args.init_method,
-        timeout=args.timeout,
-    )  # then the group
+    device = init_process(backend, rank, world_size, local_rank=rank,  # the device first,
+                          init_method=args.init_method, timeout=args.timeout)  # then the group
     torch.manual_seed(args.seed + rank)  # replicas start different on purpose...
     net = common.make_net().to(device)
     init = common.flat_params(net)
     on_gpu = device.type == 'cuda'
-    net = DDP(
-        net,
-        device_ids=[device.index] if on_gpu else None,  # ...DDP copies rank 0's
-        output_device=device.index if on_gpu else None,
-        find_unused_parameters=False,
-    )  # True only if forward skips some parameters
+    net = DDP(net, device_ids=[device.index] if on_gpu else None,  # ...DDP copies rank 0's
+              output_device=device.index if on_gpu else None,
+              find_unused_parameters=False)  # True only if forward skips some parameters
     synced = common.flat_params(net.module)
     dataset = common.make_dataset(args.num_samples, args.seed)
     sampler, train_iter = make_loader(
-        dataset, common.local_batch_size(args.batch_size, world_size), world_size, rank, args.seed
-    )
+        dataset, common.local_batch_size(args.batch_size, world_size), world_size, rank,
+        args.seed)
     optimizer = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9)
     first_epoch = 0
     if args.resume:  # every rank reads the file, onto its own device
-        first_epoch = common.load_checkpoint(args.ckpt, net.module, optimizer, map_location=device)
+        first_epoch = common.load_checkpoint(args.ckpt, net.module, optimizer,
+                                             map_location=device)
 
     def end_of_epoch(epoch, loss):
         if rank == 0:
@@ -60,24 +50,16 @@ def worker(rank, world_size, args):
             dist.barrier()  # no rank goes on before the checkpoint is complete
 
     start = time.perf_counter()  # each epoch ends with loss.item(), which waits for the GPU
-    losses = train_ddp(net, sampler, train_iter, optimizer, device, args.epochs, first_epoch, end_of_epoch)
+    losses = train_ddp(net, sampler, train_iter, optimizer, device, args.epochs, first_epoch,
+                       end_of_epoch)
     step_seconds = (time.perf_counter() - start) / (args.epochs - first_epoch) / len(train_iter)
     final = common.flat_params(net.module)
     replicas = [torch.empty_like(final) for _ in range(world_size)]
     dist.all_gather(replicas, final)
-    emit_result(
-        rank=rank,
-        world_size=world_size,
-        init=init,
-        synced=synced,
-        final=final,
-        losses=losses,
-        step_seconds=step_seconds,
-        shard=list(sampler),
-        backend=backend,
-        peak_bytes=torch.cuda.max_memory_allocated(device) if on_gpu else None,
-        replica_gap=max((r - final).abs().max().item() for r in replicas),
-    )
+    emit_result(rank=rank, world_size=world_size, init=init, synced=synced, final=final,
+                losses=losses, step_seconds=step_seconds, shard=list(sampler), backend=backend,
+                peak_bytes=torch.cuda.max_memory_allocated(device) if on_gpu else None,
+                replica_gap=max((r - final).abs().max().item() for r in replicas))
     dist.destroy_process_group()
     exit_now()  # DDP keeps gloo's threads alive, and Python's own teardown can abort on them
 

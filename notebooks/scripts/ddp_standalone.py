@@ -3,7 +3,6 @@
 Run:  torchrun --standalone --nproc-per-node=2 ddp_standalone.py --epochs 3 --ckpt ckpt.pt
 (one GPU per process: NCCL; otherwise gloo on the CPU. Run it again to resume from --ckpt.)
 """
-
 import argparse
 import os
 import sys
@@ -56,15 +55,10 @@ def main():
             total += torch.stack([loss.detach(), torch.ones((), device=device)])
         dist.all_reduce(total)  # the mean loss over all ranks, only to print it
         if rank == 0:  # one writer; net.module: keys without 'module.'; atomic via os.replace
-            print(
-                f'epoch {epoch}: loss {(total[0] / total[1]).item():.4f} ({world_size} '
-                f'processes, {dist.get_backend()})',
-                flush=True,
-            )  # flush: a pipe buffers
-            torch.save(
-                {'net': net.module.state_dict(), 'optimizer': optimizer.state_dict(), 'epoch': epoch},
-                args.ckpt + '.tmp',
-            )
+            print(f'epoch {epoch}: loss {(total[0] / total[1]).item():.4f} ({world_size} '
+                  f'processes, {dist.get_backend()})', flush=True)  # flush: a pipe buffers
+            torch.save({'net': net.module.state_dict(), 'optimizer': optimizer.state_dict(),
+                        'epoch': epoch}, args.ckpt + '.tmp')
             os.replace(args.ckpt + '.tmp', args.ckpt)  # a crash leaves the old file or the new
         dist.barrier()  # no rank goes on (or reads the checkpoint) before it is complete
     dist.destroy_process_group()

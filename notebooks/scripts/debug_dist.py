@@ -7,7 +7,6 @@ With TORCH_DISTRIBUTED_DEBUG=DETAIL, the ranks' all_reduce of tensors of differe
 fails on every rank with the shapes each rank used; then dist.monitored_barrier names the rank
 that did not arrive in time (gloo only).
 """
-
 import argparse
 import datetime
 import time
@@ -24,9 +23,8 @@ def main():
     parser.add_argument('--barrier-timeout', type=float, default=2.0, help='seconds')
     args = parser.parse_args()
     env = dist_env()
-    dist.init_process_group(
-        'gloo', rank=env.rank, world_size=env.world_size, timeout=default_timeout()
-    )  # monitored_barrier needs gloo
+    dist.init_process_group('gloo', rank=env.rank, world_size=env.world_size,
+                            timeout=default_timeout())  # monitored_barrier needs gloo
     x = torch.zeros(3 + env.rank)  # a bug: ranks disagree on the length
     try:
         dist.all_reduce(x)
@@ -42,11 +40,8 @@ def main():
             barrier = None
         except RuntimeError as e:
             barrier = str(e)
-    print(
-        f'rank {env.rank}: mismatch {"caught" if mismatch else "not caught"}, '
-        f'barrier {"failed" if barrier else "passed or skipped"}',
-        flush=True,
-    )
+    print(f'rank {env.rank}: mismatch {"caught" if mismatch else "not caught"}, '
+          f'barrier {"failed" if barrier else "passed or skipped"}', flush=True)
     emit_result(rank=env.rank, mismatch=mismatch, barrier=barrier)
     # No destroy_process_group: after the failed barrier the ranks are out of step, and
     # tearing the group down would wait for each other. Leave at once instead.

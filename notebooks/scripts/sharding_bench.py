@@ -6,7 +6,6 @@ strategy. Step time: the slowest rank's median over `steps` timed steps (after o
 warm-up step). Peak: the most bytes of tensor storages rank 0 holds during one more
 step (d2lpar.memory.StepMemory), next to notebook 10's model-state formula.
 """
-
 import argparse
 import statistics
 import time
@@ -88,10 +87,6 @@ for method in ('torch DDP', 'hand DDP', 'ZeRO-1', 'ZeRO-2', 'ZeRO-3', 'FSDP2'):
         step(model, opt, X, y)
     results[method] = {'seconds': statistics.median(times[1:]), 'peak': mem.peak}
     del model, opt, held
-emit_result(
-    world_size=n,
-    num_params=sum(p.numel() for p in make_net().parameters()),
-    layer_bytes=(W * W + W) * 4,
-    results=results,
-)
+emit_result(world_size=n, num_params=sum(p.numel() for p in make_net().parameters()),
+            layer_bytes=(W * W + W) * 4, results=results)
 dist.destroy_process_group()

@@ -2,14 +2,12 @@
 
 Run:  python scripts/train_single.py --epochs 4 --batch-size 32
 """
-
 import time
 
 import torch
 
 import common
 from d2lpar import try_gpu
-
 try:  # notebook 5's #@save cells, as you last ran them (d2lpar.save_cells wrote them)
     from ddp_steps import make_loader, train_ddp
 except ModuleNotFoundError:  # run outside the notebook: the package keeps the same cells
@@ -26,8 +24,8 @@ def main():
     init = common.flat_params(net)
     dataset = common.make_dataset(args.num_samples, args.seed)
     sampler, train_iter = make_loader(
-        dataset, common.local_batch_size(args.batch_size, world_size), world_size, rank, args.seed
-    )
+        dataset, common.local_batch_size(args.batch_size, world_size), world_size, rank,
+        args.seed)
     optimizer = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9)
     first_epoch = 0
     if args.resume:
@@ -39,19 +37,12 @@ def main():
             common.save_checkpoint(args.ckpt, net, optimizer, epoch)
 
     start = time.perf_counter()  # each epoch ends with loss.item(), which waits for the GPU
-    losses = train_ddp(net, sampler, train_iter, optimizer, device, args.epochs, first_epoch, end_of_epoch)
+    losses = train_ddp(net, sampler, train_iter, optimizer, device, args.epochs, first_epoch,
+                       end_of_epoch)
     step_seconds = (time.perf_counter() - start) / (args.epochs - first_epoch) / len(train_iter)
     final = common.flat_params(net)
-    emit_result(
-        rank=rank,
-        world_size=world_size,
-        init=init,
-        synced=init,
-        final=final,
-        losses=losses,
-        step_seconds=step_seconds,
-        shard=list(sampler),
-    )
+    emit_result(rank=rank, world_size=world_size, init=init, synced=init, final=final,
+                losses=losses, step_seconds=step_seconds, shard=list(sampler))
 
 
 if __name__ == '__main__':

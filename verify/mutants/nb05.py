@@ -111,8 +111,8 @@ MUTANTS = [
         NB,
         'DistributedSampler pads a shard in a real group',
         'notebooks/scripts/ddp_anatomy.py',
-        old="        'padded': list(DistributedSampler(data, shuffle=False)),",
-        new="        'padded': list(DistributedSampler(data, shuffle=False, drop_last=True)),",
+        old="    shards = {'padded': list(DistributedSampler(data, shuffle=False)),",
+        new="    shards = {'padded': list(DistributedSampler(data, shuffle=False, drop_last=True)),",
         catch='assert sorted(padded_real[0] + padded_real[1]) == sorted(list(range(11)) + [0])',
     ),
     Mutant(
