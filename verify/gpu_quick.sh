@@ -6,8 +6,8 @@
 # Uses $PYTHON (default: python3) as it is: a CUDA build of torch >= 2.13 and the course's
 # packages must already be installed in it (`pip install -e ".[course]"`); it installs nothing.
 # Prints the machine (nvidia-smi, d2lpar info), then each row of `verify/gpucheck.py --quick` as
-# it finishes (designed for under 8 minutes on one H100: the per-row seconds are estimates
-# until a run measures them), then the table for the README: GPU, driver, torch, CUDA, rows.
+# it finishes (344 s on one H200 on 2026-11-28, README "Verifying the course on a GPU machine"),
+# then the table for the README: GPU, driver, torch, CUDA, rows.
 set -u
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -30,5 +30,7 @@ fi
 timeout --foreground -k 30 600 "$PYTHON" verify/gpucheck.py --quick --budget 450 --logs "$LOGS"
 status=$?
 echo "gpucheck --quick exit status: $status"
-[ -f "$LOGS/summary.tsv" ] && column -t -s $'\t' "$LOGS/summary.tsv"
+if [ -f "$LOGS/summary.tsv" ]; then  # `column` is missing from some minimal images
+    if command -v column >/dev/null; then column -t -s $'\t' "$LOGS/summary.tsv"; else cat "$LOGS/summary.tsv"; fi
+fi
 exit $status

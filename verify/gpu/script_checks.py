@@ -108,7 +108,7 @@ def _flatten(value):
 
 def _check_measure_zero(results, args):
     """Notebook 10's facts after measure_zero.py (which asserts parity with one process itself):
-    the bytes each rank sent per stage, and peaks that fall stage by stage."""
+    the bytes each rank sent per stage, and peaks that fall stage by stage on 2 or more ranks."""
     n = len(results)
     for rank, r in results.items():
         passes = {'DDP': 2, 'ZeRO-1': 2, 'ZeRO-2': 2, 'ZeRO-3': 3}
@@ -118,6 +118,8 @@ def _check_measure_zero(results, args):
                 r['sent'][stage] == want, f"rank {rank}: {stage} sent {r['sent'][stage]} B, the ring sends {want:.0f}"
             )
         peaks = [r['peak'][stage] for stage in passes]
+        if n == 1:  # one rank shards nothing: each stage only adds its own buffers
+            continue
         _expect(
             peaks == sorted(peaks, reverse=True) and len(set(peaks)) == 4,
             f'rank {rank}: peaks {peaks} do not fall from DDP to ZeRO-3',
@@ -125,8 +127,9 @@ def _check_measure_zero(results, args):
 
 
 def _check_fsdp_save(results, args):
-    """Notebook 11's script asserts each part itself; every rank must have come through all of
-    them (a rank that stops early hands nothing back), with prefetch's timeline if it ran."""
+    """Notebook 11's facts after fsdp_save.py (which asserts each part itself): every rank came
+    through all the parts (a rank that stops early hands nothing back), with prefetch's timelines
+    if it ran."""
     _expect(len(results) >= 1, 'no rank handed back a result')
     for rank, r in results.items():
         if 'prefetch' in args:

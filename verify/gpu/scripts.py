@@ -174,9 +174,10 @@ def run_script(argv):
         except CheckFailed as e:
             print(f'{args.script}: check failed: {e}')
             return 1
+        what = ' '.join(check.__doc__.split(':', 1)[-1].split()) if check else None
         print(
             f'{args.script} on {args.nproc} processes ({args.backend}, {args.device}): '
-            + ('checked: ' + check.__doc__.split(':', 1)[1].strip() if check else 'every rank handed back its result')
+            + (f'checked: {what}' if check else 'every rank handed back its result')
         )
         return 0
     finally:
