@@ -211,7 +211,15 @@ def run_all(lab, notebook, shots):
     return ok
 
 
-def interrupt(lab, notebook, text, shots):
+def cmdline(pid):
+    """Return the command line of process `pid`, or '' once it has gone."""
+    try:
+        return Path(f'/proc/{pid}/cmdline').read_bytes().replace(b'\0', b' ').decode()
+    except OSError:
+        return ''
+
+
+def interrupt(lab, notebook, text, shots, during=None):
     lab.open(notebook)
     nb = json.loads((lab.folder / notebook).read_text())
     target = next(
@@ -227,10 +235,11 @@ def interrupt(lab, notebook, text, shots):
         kernel_pid, state = lab.kernel(notebook)
         launched = launched_by(kernel_pid) if kernel_pid else []
         idle_since = (idle_since or time.time()) if state == 'idle' else None
-        if len(launched) >= 2 or (idle_since and time.time() - idle_since > 5):
+        wanted = not during or any(during in cmdline(p) for p in launched)
+        if (len(launched) >= 2 and wanted) or (idle_since and time.time() - idle_since > 5):
             break  # (the kernel is idle for a moment between cells: only a lasting idle is the end)
         time.sleep(0.2)
-    if len(launched) < 2:
+    if len(launched) < 2 or (during and not any(during in cmdline(p) for p in launched)):
         _, failed = errors_in(lab.saved(notebook))
         lab.page.screenshot(path=str(shots / (Path(notebook).stem + '-interrupt.png')))
         print(f'FAIL {notebook}: no launch seen (kernel {state}); errors: {failed}', flush=True)
@@ -246,24 +255,27 @@ def interrupt(lab, notebook, text, shots):
     left = [p for p in launched if Path(f'/proc/{p}').exists()]
     # the kernel itself hosts the launch's rendezvous store: that port must be closed too
     still = sorted(set(listening_ports(left + [kernel_pid])) - kernel_ports)
-    outputs = [o for c in nb['cells'] if c['cell_type'] == 'code' for o in c.get('outputs', [])]
-    interrupted = any(o.get('ename') == 'KeyboardInterrupt' for o in outputs)
+    stopped = [
+        i for i, c in enumerate(nb['cells']) if any(o.get('ename') == 'KeyboardInterrupt' for o in c.get('outputs', []))
+    ]
+    interrupted = stopped == [target]  # the cell asked for, not an earlier launch
     alive, state = lab.kernel(notebook)
     ok = interrupted and not left and not still and alive == kernel_pid and state == 'idle'
     print(
         f'{"PASS" if ok else "FAIL"} {notebook} interrupted during a launch: '
         f'{len(launched)} launched processes (ports {ports}), left {left} (ports {still}), '
-        f'KeyboardInterrupt shown: {interrupted}, kernel alive and idle: {alive == kernel_pid and state == "idle"}',
+        f'KeyboardInterrupt shown in cell(s) {stopped} (asked: {target}), '
+        f'kernel alive and idle: {alive == kernel_pid and state == "idle"}',
         flush=True,
     )
     lab.shut_down(notebook)
     return ok
 
 
-def check_one(lab, notebook, text, shots):
+def check_one(lab, notebook, text, shots, during=None):
     """Run or interrupt one notebook; a notebook that breaks the check fails, the rest go on."""
     try:
-        return interrupt(lab, notebook, text, shots) if text else run_all(lab, notebook, shots)
+        return interrupt(lab, notebook, text, shots, during) if text else run_all(lab, notebook, shots)
     except Exception as e:  # a timeout, a page that never became ready, a vanished kernel
         lab.page.screenshot(path=str(shots / (Path(notebook).stem + '-broken.png')))
         print(f'FAIL {notebook}: {type(e).__name__}: {str(e).splitlines()[0]}', flush=True)
@@ -279,6 +291,12 @@ def main():
     parser.add_argument('notebooks', nargs='*', help='default: every notebook and solution')
     parser.add_argument('--full', action='store_true', help="the learner's full workload (default: small)")
     parser.add_argument('--interrupt', metavar='TEXT', help='interrupt the first cell containing TEXT')
+    parser.add_argument(
+        '--during',
+        metavar='NAME',
+        help='with --interrupt: wait for a launched process whose command line contains NAME '
+        '(e.g. a script the cell starts) instead of the first launch',
+    )
     parser.add_argument('--shots', default='build/labcheck', help='folder for screenshots')
     args = parser.parse_args()
     try:
@@ -323,7 +341,7 @@ def main():
                 )
             lab = Lab(folder, browser)
             try:
-                results = [check_one(lab, n, args.interrupt, shots) for n in notebooks]
+                results = [check_one(lab, n, args.interrupt, shots, args.during) for n in notebooks]
             finally:
                 lab.close()
                 browser.close()
