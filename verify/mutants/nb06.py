@@ -143,4 +143,14 @@ MUTANTS = [
         new='    rank, world_size = env.local_rank, env.world_size\n',
         catch="assert sorted(two) == [0, 1] and [two[r]['local_rank'] for r in (0, 1)] == [0, 0]",
     ),
+    Mutant(
+        'gloo-threads-gone-after-destroy',
+        NB,
+        "gloo's threads outlive destroy_process_group (why exit_now)",
+        'notebooks/scripts/ddp_restart.py',
+        # what the probe would see if torch tore the group's threads down itself
+        old='emit_result(rank=rank, gloo_threads_after_destroy=gloo_threads())',
+        new='emit_result(rank=rank, gloo_threads_after_destroy=[])',
+        catch='assert all(threads[r] for r in (0, 1))',
+    ),
 ]

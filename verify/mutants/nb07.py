@@ -4,6 +4,7 @@ from verify.mutants.registry import Mutant
 
 NB = '07_ddp_practice'
 FILE = f'notebooks/{NB}.ipynb'
+SCRIPT = 'notebooks/scripts/ddp_practice.py'  # the script the notebook launches
 
 MUTANTS = [
     Mutant(
@@ -78,5 +79,59 @@ MUTANTS = [
         old='grad_storages(gradient_as_bucket_view=True)\n',
         new='grad_storages()\n',
         catch='assert apart == 4 and views == 1',
+    ),
+    Mutant(
+        'autocast-disabled',
+        NB,
+        'autocast computes the forward in 16 bits',
+        SCRIPT,
+        old='    with torch.autocast(device.type, dtype=low):\n        out = net(X[:batch])',
+        new='    with torch.autocast(device.type, dtype=low, enabled=False):\n        out = net(X[:batch])',
+        catch="assert amp['dtype'] == amp['out_dtype'] == low",
+    ),
+    Mutant(
+        'compression-hook-sends-float32',
+        NB,
+        'a 16-bit compression hook sends half the bytes',
+        SCRIPT,
+        old='    compress = default_hooks.fp16_compress_hook if on_gpu else default_hooks.bf16_compress_hook',
+        new='    compress = default_hooks.allreduce_hook',
+        catch="assert 2 * r['compressed_bytes'] == r['plain_bytes']",
+    ),
+    Mutant(
+        'ddp-optimizer-always-on',
+        NB,
+        "without DDP's optimizer dynamo hands the backend one graph",
+        SCRIPT,
+        old='torch._dynamo.config.optimize_ddp = mode',
+        new='torch._dynamo.config.optimize_ddp = True',
+        catch="assert r['graphs_without'] == [r['layers']]",
+    ),
+    Mutant(
+        'join-divides-by-the-ranks-left',
+        NB,
+        'join() gives the arithmetic of dividing by the initial world size',
+        FILE,
+        old='    with net.join():  # a finished rank',
+        new='    with net.join(divide_by_initial_world_size=False):  # a finished rank',
+        catch="assert r['diff'] < 1e-6 and r['moved'] > 1e-3",
+    ),
+    Mutant(
+        'one-bucket-for-the-whole-model',
+        NB,
+        'DDP launches one allreduce per bucket from inside backward',
+        SCRIPT,
+        old='bucket_cap_mb=width * width * 4 / 2**20)',
+        new='bucket_cap_mb=1000)',
+        catch="assert all(s['allreduces'] >= 2 for s in r['report'])",
+    ),
+    Mutant(
+        'sampler-epoch-not-set',
+        NB,
+        'set_epoch gives each epoch a new shuffle',
+        SCRIPT,
+        old='        sampler.set_epoch(epoch)  # a new shuffle',
+        new='        pass  # a new shuffle',
+        catch="assert r['epochs'][0]['indices'] != r['epochs'][1]['indices']",
     ),
 ]
