@@ -13,7 +13,7 @@ MUTANTS = [
         FILE,
         old="EARLY = 'import os\\n' + SET + 'import torch\\n'",
         new="EARLY = 'import os\\nimport torch\\n' + SET",
-        catch="assert early['report']['threads'] == 1",
+        catch="assert threads[0] == 1",
         quick=True,
     ),
     Mutant(
@@ -107,6 +107,6 @@ MUTANTS += [
         FILE,
         old='max_parallel=len(masks)',
         new='max_parallel=1',
-        catch="assert s['mask'] == mask and s['report']['device'] == ('cuda:0' if where else 'cpu')",
+        catch="assert s['report']['device'] == ('cuda:0' if where else 'cpu')",
     ),
 ]
