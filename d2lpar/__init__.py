@@ -62,6 +62,7 @@ from .timing import Accumulator, Timer
 from .training import TrainResult, sgd, train, train_batch
 from .visibility import (
     choose_gpu,
+    exclusive_gpus,
     misspelled_cuda_vars,
     parse_visible_devices,
     run_with_mask,

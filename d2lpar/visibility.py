@@ -10,6 +10,7 @@ import concurrent.futures
 import difflib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,6 +30,7 @@ __all__ = [
     'misspelled_cuda_vars',
     'run_with_mask',
     'run_with_masks',
+    'exclusive_gpus',
 ]
 
 _MASK_VAR = 'CUDA_VISIBLE_DEVICES'
@@ -185,6 +187,29 @@ def misspelled_cuda_vars(environ=None):
             continue
         suspects.append(name)
     return sorted(suspects)
+
+
+def exclusive_gpus(smi='nvidia-smi'):
+    """Return the UUIDs of the GPUs that serve one process at a time, as torch prints them.
+
+    Such a GPU is in the EXCLUSIVE_PROCESS compute mode (`nvidia-smi -q -d COMPUTE`
+    shows it): while one process uses it, CUDA refuses it to every other. The list
+    is empty where `smi` is missing or lists no such GPU.
+    """
+    exe = shutil.which(smi)
+    if exe is None:
+        return []
+    try:
+        query = [exe, '--query-gpu=uuid,compute_mode', '--format=csv,noheader']
+        out = subprocess.run(query, capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    found = []
+    for line in out.splitlines():
+        uuid, _, mode = line.partition(',')
+        if mode.strip().lower().startswith('exclusive'):
+            found.append(uuid.strip().lower().removeprefix('gpu-'))
+    return found
 
 
 # Runs in each child: see its docstring.

@@ -162,3 +162,40 @@ def test_allreduce_timings_puts_its_tensors_on_the_gpu_of_an_nccl_group(tmp_path
     assert placed[0] == 'cuda:0'  # the message
     assert {p for p in placed if not p.startswith('sync') and p != 'cuda:0'} == set(), placed
     assert 'sync cuda:0' in ' '.join(placed)  # the clock read after the GPU finished
+
+
+def _p2p_script_worker(rank, world_size, port, out):
+    import runpy
+
+    os.environ.update(
+        MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank)
+    )
+    posted = []
+    real = dist.batch_isend_irecv
+
+    def batch(ops):  # what the script hands to the backend at once
+        posted.append(sorted((op.op.__name__, op.peer) for op in ops))
+        return real(ops)
+
+    dist.batch_isend_irecv = batch
+    try:
+        with count_calls(('send', 'recv', 'isend', 'irecv')) as calls:
+            runpy.run_path(str(ROOT / 'notebooks' / 'scripts' / 'collectives_p2p.py'), run_name='__main__')
+    finally:
+        dist.batch_isend_irecv = real
+    torch.save({'posted': posted, 'calls': calls}, f'{out}/{rank}.pt')
+
+
+@pytest.mark.parametrize('world_size', [2, 3])
+def test_the_p2p_script_posts_its_ring_exchange_as_one_batch(tmp_path, world_size):
+    """Part 4 of notebook 9's collectives_p2p.py: its isend and irecv (to the same peer with
+    2 ranks) go to the backend as one batch, as NCCL requires; no isend or irecv outside one."""
+    from d2lpar.launch import free_port
+
+    torch.multiprocessing.spawn(_p2p_script_worker, args=(world_size, free_port(), str(tmp_path)), nprocs=world_size)
+    n = world_size
+    for rank in range(n):
+        got = torch.load(tmp_path / f'{rank}.pt', weights_only=True)
+        assert got['posted'] == [[('irecv', (rank - 1) % n), ('isend', (rank + 1) % n)]], got['posted']
+        calls = got['calls']
+        assert calls['isend']['calls'] == calls['irecv']['calls'] == 1, calls  # each inside the batch

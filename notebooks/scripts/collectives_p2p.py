@@ -1,4 +1,4 @@
-"""Point-to-point messages: blocking send/recv, a deadlock, and isend/irecv around a ring.
+"""Point-to-point messages: blocking send/recv, a deadlock, and a batched isend/irecv around a ring.
 
 Run:  torchrun --standalone --nproc-per-node=3 scripts/collectives_p2p.py
 """
@@ -57,12 +57,14 @@ if n >= 2:
             print(f'send-then-recv on both sides failed after '
                   f'{report["deadlock"]["seconds"]:.1f} s: {message}')
 
-# 4. Non-blocking: isend/irecv return at once with a request; wait() completes it.
-#    Posting both before waiting lets every rank send right and receive from the left.
+# 4. Non-blocking: batch_isend_irecv posts an isend and an irecv together and returns
+#    at once with their requests; wait() completes each. Posting both before waiting lets
+#    every rank send right and receive from the left. (One batch, as NCCL requires of a
+#    send and a receive between the same two GPUs: with 2 ranks, right is left.)
 right, left = (rank + 1) % n, (rank - 1) % n
 outbox, inbox = torch.full((3,), float(rank)), torch.empty(3)
 start = time.perf_counter()
-requests = [dist.isend(outbox, right), dist.irecv(inbox, left)]
+requests = dist.batch_isend_irecv([dist.P2POp(dist.isend, outbox, right), dist.P2POp(dist.irecv, inbox, left)])
 for request in requests:
     request.wait()
 report['ring'] = {'from': left, 'got': inbox.tolist(), 'seconds': time.perf_counter() - start}

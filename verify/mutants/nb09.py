@@ -87,7 +87,7 @@ MUTANTS = [
         '            else:\n'
         '                dist.recv(torch.empty(1), other, group=pair)\n'
         '                dist.send(torch.ones(1), other, group=pair)\n',
-        catch="assert report[r]['deadlock']['seconds'] > 1.5",
+        catch="assert stuck is not None and stuck['seconds'] > 1.5",
     ),
     Mutant(
         'mlp-registered-in-forward-order',
