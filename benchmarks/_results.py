@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from d2lpar.saving import replace_whole, write_whole
+from d2lpar.machinery.saving import replace_whole, write_whole
 
 RESULTS = Path(__file__).resolve().parent.parent / 'bench-results'
 

@@ -30,7 +30,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import d2lpar
-from d2lpar.saving import replace_whole
+from d2lpar.machinery.saving import replace_whole
 
 from ._results import save
 

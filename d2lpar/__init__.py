@@ -4,9 +4,12 @@ d2lpar/lessons    what the notebooks teach, generated from their `#@save` cells 
 d2lpar/checks     the argument checks applied to the lessons' functions
 d2lpar/helpers    what a notebook uses but does not teach (d2l's accuracy and sgd, plot_schedule, ...)
 d2lpar/exercises  the checkers of each notebook's exercises
-d2lpar/*.py       the d2l-style helpers (devices, timing, plotting, data), the course's tooling
-                  (launch, processes, saving, info, render, memory, distributed) and, under each
-                  chapter's old name (collectives, zero, ...), its lesson and helpers re-exported
+d2lpar/machinery  the course's machinery, taught nowhere: launch, processes, a launched rank's
+                  helpers, saving files whole, the machine report, the rendered site
+d2lpar/tools      maintainer tools run by path (`make lib`, `make normalize`)
+d2lpar/*.py       the d2l-style helpers (devices, timing, plotting, data) and, under each
+                  chapter's name (collectives, zero, ...), its lesson and helpers re-exported;
+                  distributed, saving and memory re-export machinery and helpers for scripts
 """
 
 from .data import (
@@ -39,8 +42,6 @@ from .devices import (
     try_all_gpus,
     try_gpu,
 )
-from .info import show_setup
-from .launch import LaunchResult, end_processes, free_port, launch, launched_processes, loopback_interface, port_is_free
 from .miniddp import BucketDDP, HookDDP, MiniDDP
 from .model_parallel import (
     ModelParallel,
@@ -57,7 +58,6 @@ from .model_parallel import (
 from .models import Residual, accuracy, evaluate_accuracy_gpu, init_lenet_params, lenet
 from .parallel import allreduce, get_params, scatter, split_batch
 from .plotting import Animator
-from .saving import save_cells, write_next
 from .timing import Accumulator, Timer
 from .training import TrainResult, sgd, train, train_batch
 from .visibility import (
@@ -69,5 +69,11 @@ from .visibility import (
     run_with_masks,
     visible_gpus,
 )
+from .machinery.info import show_setup
+from .machinery.launch import launch
+from .machinery.launch_output import LaunchResult
+from .machinery.ports import free_port, loopback_interface, port_is_free
+from .machinery.processes import end_processes, launched_processes
+from .machinery.saving import save_cells, write_next
 
 __version__ = '0.1.0'

@@ -36,26 +36,11 @@ LLAMA3 = {
 # Float8 or compile only (the rows this model can speak about), seq_len 8192 (the train configs
 # at commit 9dec370). tps is tokens per second per GPU; memory is the reported peak in GiB.
 PUBLISHED = [
-    dict(
-        source='torchtitan Table 1, FSDP',
-        model='8B',
-        gpus=8,
-        tp=1,
-        local_batch=2,
-        ac='selective',
-        tps=5762,
-        memory_gib=82.4,
-    ),
-    dict(
-        source='torchtitan Table 3, FSDP',
-        model='8B',
-        gpus=128,
-        tp=1,
-        local_batch=2,
-        ac='selective',
-        tps=5605,
-        memory_gib=67.0,
-    ),
+    dict(zip(('source', 'model', 'gpus', 'tp', 'local_batch', 'ac', 'tps', 'memory_gib'), row))
+    for row in [
+        ('torchtitan Table 1, FSDP', '8B', 8, 1, 2, 'selective', 5762, 82.4),
+        ('torchtitan Table 3, FSDP', '8B', 128, 1, 2, 'selective', 5605, 67.0),
+    ]
 ]
 
 aten = torch.ops.aten

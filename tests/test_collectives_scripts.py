@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from d2lpar import distributed, saving
-from d2lpar.launch import launch, launched_processes
+from d2lpar import distributed
+from d2lpar.machinery import saving
+from d2lpar import launch, launched_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / 'notebooks' / '09_collectives.ipynb'

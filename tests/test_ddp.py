@@ -15,7 +15,7 @@ from torch.utils.data import TensorDataset
 
 from d2lpar import save_checkpoint
 from d2lpar.ddp import init_process, load_snapshot, make_loader, train_ddp
-from d2lpar.launch import free_port
+from d2lpar import free_port
 
 
 def data(n=64):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from d2lpar import num_gpus
-from d2lpar.launch import launch, launched_processes
+from d2lpar import launch, launched_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / 'notebooks' / 'scripts'
@@ -203,13 +203,14 @@ class Joined(Exception):
 def test_scripts_bind_the_gpu_and_join_nccl_with_device_id(monkeypatch, name, argv):
     # issue 24, defect 10: NCCL without device_id makes barrier() guess the GPU (and warn).
     # A 2-GPU machine is faked: torch's GPU count and NCCL, set_device and the group itself.
-    import d2lpar.distributed
     import torch.distributed as dist
+
+    import d2lpar.machinery.ranks
 
     monkeypatch.syspath_prepend(str(SCRIPTS))
     script = load_script(name)
     calls = []
-    monkeypatch.setattr(d2lpar.distributed, 'num_gpus', lambda: 2)
+    monkeypatch.setattr(d2lpar.machinery.ranks, 'num_gpus', lambda: 2)  # pick_backend's view
     monkeypatch.setattr(dist, 'is_nccl_available', lambda: True)
     monkeypatch.setattr(torch.cuda, 'set_device', lambda device: calls.append(('bind', device)))
 

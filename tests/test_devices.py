@@ -105,7 +105,8 @@ def test_synchronize_none_waits_for_every_gpu(monkeypatch):
 
 
 def test_a_driver_too_old_for_torch_means_the_cpu_with_a_reason(driver_too_old, capsys):
-    from d2lpar import distributed, info
+    from d2lpar import distributed
+    from d2lpar.machinery import info
 
     assert d2lpar.num_gpus() == 0
     assert d2lpar.try_gpu() == torch.device('cpu')

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import BackendConfig
 
-from d2lpar.saving import apply_diff
+from d2lpar.machinery.saving import apply_diff
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / 'notebooks' / '11_fsdp2.ipynb'
 

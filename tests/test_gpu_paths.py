@@ -98,7 +98,7 @@ def test_every_ring_step_and_exchange_posts_its_send_and_receive_as_one_batch(tm
     """NCCL may hang on an isend followed by a blocking recv to the same peer (2 ranks) unless
     both are grouped: each step must hand exactly one isend and one irecv to the backend at
     once, and count_calls must still count them."""
-    from d2lpar.launch import free_port
+    from d2lpar import free_port
 
     torch.multiprocessing.spawn(_ring_worker, args=(world_size, free_port(), str(tmp_path)), nprocs=world_size)
     n = world_size
@@ -155,7 +155,7 @@ def _timings_worker(rank, world_size, port, out):
 
 
 def test_allreduce_timings_puts_its_tensors_on_the_gpu_of_an_nccl_group(tmp_path):
-    from d2lpar.launch import free_port
+    from d2lpar import free_port
 
     torch.multiprocessing.spawn(_timings_worker, args=(2, free_port(), str(tmp_path)), nprocs=2)
     placed = (tmp_path / '0.txt').read_text().split(' ')

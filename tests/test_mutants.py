@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from verify.mutants import registry, run
+from verify.mutants import registry, run, verdicts
+from verify.mutants.plant import Broken
 from verify.mutants.registry import Mutant
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -118,6 +119,22 @@ def test_a_mutant_of_a_module_is_caught_by_the_named_test(course):
 def test_the_control_passes_on_the_unmutated_notebook(course):
     row = verdict(course, mutant('2 * v', '3 * v', 'double(3) == 6'), control=True)
     assert row.verdict == 'PASSED'
+
+
+@pytest.mark.parametrize('control, expected', [(False, 'SURVIVED'), (True, 'PASSED')])
+def test_a_run_without_a_failure_is_survived_or_passed(control, expected):
+    m = mutant('2 * v', '3 * v', 'double(3) == 6')
+    row = verdicts.no_failure(m, 'label', control, 0, [('x', 'Cell 0')], '', start=0.0, unit='cell')
+    fields = (row.notebook, row.claim, row.name, row.verdict, row.check, row.quick)
+    assert fields == ('00_fake', 'double doubles', 'label', expected, '', False)
+    assert row.seconds > 0  # time since `start`
+
+
+@pytest.mark.parametrize('code, cases', [(1, [('x', 'test_a')]), (0, [])])
+def test_a_run_that_failed_nowhere_or_ran_nothing_is_broken(code, cases):
+    m = mutant('2 * v', '3 * v', 'double(3) == 6')
+    with pytest.raises(Broken, match=f'pytest exited {code} without a failing test: .*collected 0'):
+        verdicts.no_failure(m, 'm', False, code, cases, 'collected 0 items', start=0.0, unit='test')
 
 
 def test_the_registry_loads_unique_names_and_every_notebook_has_a_quick_mutant():

@@ -145,7 +145,7 @@ def test_notebooks_are_valid_nbformat_with_cell_ids():
 def test_an_older_torch_is_named_and_the_floor_matches_pyproject():
     import re
 
-    from d2lpar import info
+    from d2lpar.machinery import info
 
     text = (Path(__file__).resolve().parent.parent / 'pyproject.toml').read_text()
     floor = re.search(r'"torch>=(\d+)\.(\d+)"', text).groups()

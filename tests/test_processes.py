@@ -1,9 +1,9 @@
-"""Every launcher takes a child's environment the same way (d2lpar.processes.environment)."""
+"""Every launcher takes a child's environment the same way (d2lpar.machinery.processes.environment)."""
 
 import pytest
 
 import d2lpar
-from d2lpar.processes import environment
+from d2lpar.machinery.processes import environment
 
 GOOD = [None, {}, {'OMP_NUM_THREADS': 1}, {'A': 'x', 'B': 2.5, 'C': None}]
 BAD = [

@@ -17,7 +17,7 @@ import nbformat
 import pytest
 
 import d2lpar
-from d2lpar import render
+from d2lpar.machinery import render
 
 ROOT = Path(__file__).resolve().parent.parent
 

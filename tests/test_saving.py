@@ -8,7 +8,7 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 import d2lpar
-from d2lpar import saving
+from d2lpar.machinery import saving
 from full_disk import run_on_a_full_disk
 
 CELLS = [
@@ -124,7 +124,7 @@ def test_a_checkpoint_that_cannot_be_written_whole_leaves_the_old_one(tmp_path):
     torch.save({'step': 1}, path)
     done = run_on_a_full_disk(f"""
         import torch
-        from d2lpar.saving import replace_whole, write_whole
+        from d2lpar.machinery.saving import replace_whole, write_whole
         full_disk(4096)
         for write in (lambda: replace_whole({str(path)!r}, lambda tmp: torch.save(torch.zeros(10**4), tmp)),
                       lambda: write_whole({str(path)!r}, 'x' * 10**4)):

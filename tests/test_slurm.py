@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from d2lpar.devices import env_flag
-from d2lpar.launch import launch, launched_processes
+from d2lpar import launch, launched_processes
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / 'notebooks'
 JOB = 'scripts/ddp_multinode.sbatch'

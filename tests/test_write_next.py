@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from d2lpar.saving import apply_diff, write_next
+from d2lpar.machinery.saving import apply_diff, write_next
 
 LINES = st.lists(st.sampled_from(['a', 'b', 'c', '', 'def f():', '    return 1']), max_size=12)
 

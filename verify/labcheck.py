@@ -47,7 +47,7 @@ def free_port():
 
 def launched_by(kernel_pid):
     """Return the pids of the live processes that d2lpar.launch started from `kernel_pid`."""
-    from d2lpar.processes import launched_processes
+    from d2lpar.machinery.processes import launched_processes
 
     return [p.pid for p in launched_processes(f'{kernel_pid}-')]
 

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from d2lpar.checks import positive_int
-from d2lpar.distributed import BACKENDS
+from d2lpar.machinery.ranks import BACKENDS
 
 
 def _check_init_process(backend, rank, world_size, local_rank=0, init_method='env://', timeout=None, store=None):

@@ -2,7 +2,7 @@
 
 import re
 
-from ..distributed import expand_nodelist, torch_env_from_slurm
+from ..machinery.ranks import expand_nodelist, torch_env_from_slurm
 from ._verdict import _call, _checker, _Fail
 
 KEYS = ('rank', 'local_rank', 'world_size', 'master_addr')

@@ -17,7 +17,7 @@ import threading
 import torch
 from torch import nn
 
-from ..memory import StepMemory
+from ..helpers.memory import StepMemory
 from ._verdict import _call, _checker, _Fail
 
 _TIMEOUT = 20  # seconds a simulated rank waits for the others at a reduce-scatter

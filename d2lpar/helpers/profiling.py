@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from ..saving import replace_whole
+from ..machinery.saving import replace_whole
 
 __all__ = ['profile_intervals', 'overlap_report', 'plot_comm_timeline']
 

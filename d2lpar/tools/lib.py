@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _saving():
-    """Return d2lpar/saving.py as a module, without importing the package (which needs lessons)."""
-    spec = importlib.util.spec_from_file_location('_d2lpar_saving', ROOT / 'd2lpar' / 'saving.py')
+    """Return d2lpar/machinery/saving.py as a module, without importing the package (which needs lessons)."""
+    spec = importlib.util.spec_from_file_location('_d2lpar_saving', ROOT / 'd2lpar' / 'machinery' / 'saving.py')
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-try:  # the atomic writer of d2lpar/saving.py, loaded by path as make lib loads it
+try:  # the atomic writer of d2lpar/machinery/saving.py, loaded by path as make lib loads it
     from .lib import write_whole
 except ImportError:  # run by path: this folder is sys.path[0]
     from lib import write_whole

@@ -32,6 +32,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from d2lpar.ddp_practice import overlap_report, profile_intervals
 from d2lpar.distributed import (BACKENDS, count_calls, default_timeout, dist_env, emit_result,
                                 exit_now, pick_backend, rank_device)
+from practice_common import MLP, ddp, flat, flat_grad, make_data, make_net, max_diff
 
 try:  # notebook 7's cells, as the notebook last ran them
     from practice_steps import (accumulate_step, amp_step, counting_backend,
@@ -41,49 +42,6 @@ except ModuleNotFoundError:  # run by hand: the package's copy of the same cells
                                      evaluate_distributed, loader_workers, train_uneven)
 
 PARTS = ('accumulate', 'amp', 'join', 'evaluate', 'profile', 'loader', 'compile')
-
-
-class MLP(nn.Module):
-    """A small MLP: Linear layers of the given widths with ReLU between them."""
-
-    def __init__(self, widths):
-        super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths, widths[1:]))
-
-    def forward(self, X):
-        for layer in self.layers[:-1]:
-            X = torch.relu(layer(X))
-        return self.layers[-1](X)
-
-
-def make_net(widths=(16, 64, 64, 4), seed=0):
-    torch.manual_seed(seed)  # the same start on every rank and in every reference
-    return MLP(widths)
-
-
-def make_data(n, seed=1, dim=16):
-    """Return n samples of 4 noisy classes in `dim` dimensions, the same in every process."""
-    centres = torch.randn(4, dim, generator=torch.Generator().manual_seed(0))  # every set's
-    g = torch.Generator().manual_seed(seed)
-    y = torch.randint(0, 4, (n,), generator=g)
-    return centres[y] + 0.8 * torch.randn(n, dim, generator=g), y
-
-
-def flat(net):
-    return torch.cat([p.detach().reshape(-1) for p in net.parameters()]).cpu()
-
-
-def flat_grad(net):
-    return torch.cat([p.grad.reshape(-1) for p in net.parameters()]).cpu()
-
-
-def max_diff(a, b):
-    return (a - b).abs().max().item()
-
-
-def ddp(net, device, **kwargs):
-    ids = [device.index] if device.type == 'cuda' else None
-    return DDP(net.to(device), device_ids=ids, **kwargs)
 
 
 # ------------------------------------------------------------------ parts

@@ -1,4 +1,4 @@
-"""A tiny worker for tests/test_launch.py that behaves as --mode says.
+"""A tiny worker for tests/test_launch.py and test_launch_cleanup.py that behaves as --mode says.
 
 Run:  torchrun --nproc-per-node=2 tests/scripts/launch_probe.py --mode ok
 Only 'ok' and 'dist' import torch (through d2lpar); the others start fast.

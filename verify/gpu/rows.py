@@ -1,6 +1,7 @@
 """The table of `make gpucheck`: every row, and the rows of --quick."""
 
 import functools
+import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,219 +54,95 @@ def _python(*args):
     return [sys.executable, *map(str, args)]
 
 
+def _command(*args):
+    """Return `python` and `args`, each string split as a shell would split it, each path kept whole."""
+    return _python(*(w for a in args for w in (shlex.split(a) if isinstance(a, str) else [a])))
+
+
 def _torchrun(nproc, script, *args):
-    return _python('-m', 'torch.distributed.run', '--standalone', f'--nproc-per-node={nproc}', SCRIPTS / script, *args)
+    return _command('-m torch.distributed.run --standalone', f'--nproc-per-node={nproc}', SCRIPTS / script, *args)
 
 
 # Notebook 11's script: the parts that run on any number of GPUs (placements and reshard
 # expect 4 ranks; hsdp an even number; prefetch and meta_init, which compares the ranks' blocks,
 # more than one).
-FSDP_PARTS = ('train_like_one_process', 'mixed', 'clipping', 'offload', 'save')
+FSDP_PARTS = 'train_like_one_process mixed clipping offload save'
 
 
-def _script_row(name, notebook, script, nproc, scratch, *args, quick=False, estimate=None, timeout=1800):
-    """A row that runs `script` as `notebook` writes it, on `nproc` GPUs with NCCL."""
+def _script_row(name, notebook, script, nproc, scratch, args='', quick=False, estimate=None, timeout=1800):
+    """A row that runs `script` as `notebook` writes it, on `nproc` GPUs with NCCL, with `args` after `--`."""
     folder = scratch / (script.removesuffix('.py') + f'-{nproc}')
+    notebook_path = NOTEBOOKS / f'{notebook}.ipynb'
     return Row(
         ('quick: ' if quick else '') + f'nccl {notebook} {script}: {name}' + (', 1 rank' if nproc == 1 else ''),
         nproc,
         quick=quick,
         estimate=estimate,
         timeout=timeout,
-        argv=_python(
-            GPUCHECK,
-            'script',
-            NOTEBOOKS / f'{notebook}.ipynb',
-            script,
-            '--nproc',
-            nproc,
-            '--backend',
-            'nccl',
-            '--device',
-            'cuda',
-            '--scratch',
-            folder,
-            '--',
-            *args,
-        ),
-    )
+        argv=_command(GPUCHECK, 'script', notebook_path, script, f'--nproc {nproc} --backend nccl --device cuda',
+                     '--scratch', folder, '--', args),
+    )  # fmt: skip
 
 
 def rows(scratch):
     """Return every row, notebooks first, in course order; `scratch` holds per-row files."""
     table = [Row(f'notebook {p.stem}', notebook=p) for p in sorted(NOTEBOOKS.glob('[0-9][0-9]_*.ipynb'))]
     ddp = functools.partial(_check_ddp, epochs=4)
+    spawn = f'--nproc 2 --backend nccl --init-method tcp://127.0.0.1:{PORT}'
+    miniddp = '--variant hook buckets overlap --buckets 0.25 inf --check-steps 3 --time-steps 10'
+    two_gpu_tests = ROOT / 'tests/test_dataparallel.py', ROOT / 'tests/test_pipeline.py'
     table += [
-        Row(
-            'nccl ddp: torchrun, 2 processes, one GPU each',
-            2,
-            argv=_torchrun(2, 'ddp_torchrun.py', '--backend', 'nccl', '--epochs', '4'),
-            check=functools.partial(ddp, nproc=2),
-        ),
-        Row(
-            'nccl ddp: mp.spawn, 2 processes',
-            2,
-            argv=_python(
-                SCRIPTS / 'ddp_spawn.py',
-                '--nproc',
-                '2',
-                '--backend',
-                'nccl',
-                '--init-method',
-                f'tcp://127.0.0.1:{PORT}',
-            ),
-            check=functools.partial(ddp, nproc=2),
-        ),
-        Row(
-            'nccl hello with NCCL_DEBUG=INFO',
-            2,
-            env={'NCCL_DEBUG': 'INFO'},
-            argv=_torchrun(2, 'hello_dist.py', '--backend', 'nccl'),
-            check=functools.partial(_check_hello, nproc=2),
-        ),
-        Row(
-            'nccl SyncBatchNorm and DDP arguments (ddp_anatomy)',
-            2,
-            argv=_torchrun(2, 'ddp_anatomy.py', '--backend', 'nccl'),
-            check=functools.partial(_check_anatomy, nproc=2),
-        ),
-        Row(
-            'nccl fp16 GradScaler, fp16 compression hook, inductor compile, profiler',
-            2,
-            argv=_torchrun(
-                2,
-                'ddp_practice.py',
-                '--backend',
-                'nccl',
-                '--parts',
-                'all',
-                '--trace-dir',
-                scratch / 'trace',
-                '--compile-backend',
-                'inductor',
-            ),
-            check=functools.partial(_check_practice, nproc=2),
-        ),
-        Row(
-            'nccl restart: a rank fails, resumed from a fresh snapshot',
-            2,
-            argv=_python(
-                '-m',
-                'torch.distributed.run',
-                '--standalone',
-                '--nproc-per-node=2',
-                '--max-restarts=1',
-                SCRIPTS / 'ddp_restart.py',
-                '--backend',
-                'nccl',
-                '--snapshot',
-                scratch / 'snapshot.pt',
-                '--fail-at-epoch',
-                '1',
-            ),
-            check=functools.partial(_check_restart, nproc=2, epochs=4, fail_at=1),
-        ),
-        Row(
-            'nccl standalone DDP script (imports only torch)',
-            2,
-            argv=_torchrun(2, 'ddp_standalone.py', '--epochs', '3', '--ckpt', scratch / 's.pt'),
-            check=functools.partial(_check_standalone, nproc=2, epochs=3),
-        ),
-        Row(
-            'nccl mini-DDP (hooks, buckets, overlap)',
-            2,
-            env={'PYTHONPATH': str(ROOT)},
-            argv=_torchrun(
-                2,
-                'collectives_miniddp.py',
-                '--variant',
-                'hook',
-                'buckets',
-                'overlap',
-                '--buckets',
-                '0.25',
-                'inf',
-                '--check-steps',
-                '3',
-                '--time-steps',
-                '10',
-            ),
-            check=functools.partial(_check_miniddp, nproc=2),
-        ),
-        Row(
-            'nccl context_parallel against full attention',
-            2,
+        Row('nccl ddp: torchrun, 2 processes, one GPU each', 2,
+            argv=_torchrun(2, 'ddp_torchrun.py', '--backend nccl --epochs 4'),
+            check=functools.partial(ddp, nproc=2)),
+        Row('nccl ddp: mp.spawn, 2 processes', 2,
+            argv=_command(SCRIPTS / 'ddp_spawn.py', spawn),
+            check=functools.partial(ddp, nproc=2)),
+        Row('nccl hello with NCCL_DEBUG=INFO', 2, env={'NCCL_DEBUG': 'INFO'},
+            argv=_torchrun(2, 'hello_dist.py', '--backend nccl'),
+            check=functools.partial(_check_hello, nproc=2)),
+        Row('nccl SyncBatchNorm and DDP arguments (ddp_anatomy)', 2,
+            argv=_torchrun(2, 'ddp_anatomy.py', '--backend nccl'),
+            check=functools.partial(_check_anatomy, nproc=2)),
+        Row('nccl fp16 GradScaler, fp16 compression hook, inductor compile, profiler', 2,
+            argv=_torchrun(2, 'ddp_practice.py', '--backend nccl --parts all --trace-dir', scratch / 'trace',
+                           '--compile-backend inductor'),
+            check=functools.partial(_check_practice, nproc=2)),
+        Row('nccl restart: a rank fails, resumed from a fresh snapshot', 2,
+            argv=_command('-m torch.distributed.run --standalone --nproc-per-node=2 --max-restarts=1',
+                         SCRIPTS / 'ddp_restart.py', '--backend nccl --snapshot', scratch / 'snapshot.pt',
+                         '--fail-at-epoch 1'),
+            check=functools.partial(_check_restart, nproc=2, epochs=4, fail_at=1)),
+        Row('nccl standalone DDP script (imports only torch)', 2,
+            argv=_torchrun(2, 'ddp_standalone.py', '--epochs 3 --ckpt', scratch / 's.pt'),
+            check=functools.partial(_check_standalone, nproc=2, epochs=3)),
+        Row('nccl mini-DDP (hooks, buckets, overlap)', 2, env={'PYTHONPATH': str(ROOT)},
+            argv=_torchrun(2, 'collectives_miniddp.py', miniddp),
+            check=functools.partial(_check_miniddp, nproc=2)),
+        Row('nccl context_parallel against full attention', 2,
             argv=_torchrun(2, 'context_parallel_torch.py'),
-            check=functools.partial(_check_context_parallel, nproc=2),
-        ),
-        Row(
-            'nccl flight recorder: a skipped collective, dumped and read by fr_trace',
-            2,
-            argv=_python(SCRIPTS / 'nccl_flight_recorder.py', '--dump-dir', scratch / 'fr'),
-            check=_check_flight_recorder,
-        ),
+            check=functools.partial(_check_context_parallel, nproc=2)),
+        Row('nccl flight recorder: a skipped collective, dumped and read by fr_trace', 2,
+            argv=_command(SCRIPTS / 'nccl_flight_recorder.py', '--dump-dir', scratch / 'fr'),
+            check=_check_flight_recorder),
         # The scripts notebooks 10-13 write, with the notebook's own arguments at full size.
-        _script_row('ZeRO by hand', '10_zero', 'measure_zero.py', 2, scratch, '--width', '256', '--layers', '6'),
-        _script_row(
-            'FSDP2, checkpoint',
-            '11_fsdp2',
-            'fsdp_save.py',
-            2,
-            scratch,
-            *FSDP_PARTS,
-            'meta_init',
-            'hsdp',
-            'prefetch',
-            '--folder',
-            '{work}/checkpoint',
-        ),
-        _script_row('Megatron, sequence parallel', '12_tensor_parallel', 'tp_block.py', 2, scratch, '--steps', '20'),
+        _script_row('ZeRO by hand', '10_zero', 'measure_zero.py', 2, scratch, '--width 256 --layers 6'),
+        _script_row('FSDP2, checkpoint', '11_fsdp2', 'fsdp_save.py', 2, scratch,
+                    f'{FSDP_PARTS} meta_init hsdp prefetch --folder {{work}}/checkpoint'),
+        _script_row('Megatron, sequence parallel', '12_tensor_parallel', 'tp_block.py', 2, scratch, '--steps 20'),
         _script_row('DTensor plans, loss_parallel', '12_tensor_parallel', 'tp_dtensor.py', 2, scratch),
-        _script_row(
-            'five schedules',
-            '13_pipeline_parallel',
-            'pp_schedules.py',
-            2,
-            scratch,
-            '--microbatches',
-            '8',
-            '--ms',
-            '20',
-            '--batch',
-            '32',
-        ),
-        _script_row('pp x FSDP2 x tp', '13_pipeline_parallel', 'parallel_3d.py', 8, scratch, '--steps', '10'),
-        Row(
-            'pytest: the tests that need two GPUs',
-            2,
-            argv=_python(
-                '-m',
-                'pytest',
-                '-q',
-                '-p',
-                'no:xdist',
-                '-rs',
-                ROOT / 'tests/test_dataparallel.py',
-                ROOT / 'tests/test_pipeline.py',
-                '-k',
-                'on_gpus or two_gpus',
-            ),
-            check=_check_pytest_ran,
-        ),
-        Row(
-            'mask: notebook 02 under CUDA_VISIBLE_DEVICES=1,0',
-            2,
-            notebook=NOTEBOOKS / '02_visible_devices.ipynb',
-            env={'CUDA_VISIBLE_DEVICES': '1,0'},
-        ),
+        _script_row('five schedules', '13_pipeline_parallel', 'pp_schedules.py', 2, scratch,
+                    '--microbatches 8 --ms 20 --batch 32'),
+        _script_row('pp x FSDP2 x tp', '13_pipeline_parallel', 'parallel_3d.py', 8, scratch, '--steps 10'),
+        Row('pytest: the tests that need two GPUs', 2,
+            argv=_command('-m pytest -q -p no:xdist -rs', *two_gpu_tests, "-k 'on_gpus or two_gpus'"),
+            check=_check_pytest_ran),
+        Row('mask: notebook 02 under CUDA_VISIBLE_DEVICES=1,0', 2,
+            notebook=NOTEBOOKS / '02_visible_devices.ipynb', env={'CUDA_VISIBLE_DEVICES': '1,0'}),
         # With exactly one GPU this is the row `notebook 05_ddp` again: only with 2 or more.
-        Row(
-            'one GPU visible: notebook 05 under CUDA_VISIBLE_DEVICES=0',
-            2,
-            notebook=NOTEBOOKS / '05_ddp.ipynb',
-            env={'CUDA_VISIBLE_DEVICES': '0'},
-        ),
-    ]
+        Row('one GPU visible: notebook 05 under CUDA_VISIBLE_DEVICES=0', 2,
+            notebook=NOTEBOOKS / '05_ddp.ipynb', env={'CUDA_VISIBLE_DEVICES': '0'}),
+    ]  # fmt: skip
     return table + quick_rows(scratch)
 
 
@@ -279,142 +156,39 @@ def quick_rows(scratch):
     """
     one = functools.partial(Row, needs=1, quick=True, timeout=240)
     table = [
-        one(
-            f'quick: notebook {stem}, small workload',
-            notebook=NOTEBOOKS / f'{stem}.ipynb',
-            env={'D2LPAR_SMALL': '1'},
-            estimate=30,
-        )
+        one(f'quick: notebook {stem}, small workload', notebook=NOTEBOOKS / f'{stem}.ipynb',
+            env={'D2LPAR_SMALL': '1'}, estimate=30)
         for stem in ONE_GPU_NOTEBOOKS
-    ]
+    ]  # fmt: skip
+    miniddp = '--variant hook buckets overlap --buckets 0.25 inf --check-steps 3 --time-steps 3'
+    script_row = functools.partial(_script_row, quick=True, timeout=240)
+    scale_fit = ROOT / 'verify/scale_fit_cuda.py'
     table += [
-        one(
-            'quick: nccl ddp, torchrun, 1 rank, against one process',
-            estimate=15,
-            argv=_torchrun(1, 'ddp_torchrun.py', '--backend', 'nccl', '--epochs', '4'),
-            check=functools.partial(_check_ddp, nproc=1, epochs=4),
-        ),
-        one(
-            'quick: nccl SyncBatchNorm (ddp_anatomy), 1 rank',
-            estimate=15,
-            argv=_torchrun(1, 'ddp_anatomy.py', '--backend', 'nccl'),
-            check=functools.partial(_check_anatomy, nproc=1),
-        ),
-        one(
-            'quick: nccl fp16, GradScaler, hooks, profiler on CUDA, inductor on CUDA, 1 rank',
-            estimate=90,
-            timeout=300,
-            argv=_torchrun(
-                1,
-                'ddp_practice.py',
-                '--backend',
-                'nccl',
-                '--parts',
-                'all',
-                '--trace-dir',
-                scratch / 'trace-1',
-                '--compile-backend',
-                'inductor',
-            ),
-            check=functools.partial(_check_practice, nproc=1),
-        ),
-        one(
-            'quick: nccl mini-DDP (hooks, buckets, overlap), 1 rank',
-            estimate=20,
-            env={'PYTHONPATH': str(ROOT)},
-            argv=_torchrun(
-                1,
-                'collectives_miniddp.py',
-                '--variant',
-                'hook',
-                'buckets',
-                'overlap',
-                '--buckets',
-                '0.25',
-                'inf',
-                '--check-steps',
-                '3',
-                '--time-steps',
-                '3',
-            ),
-            check=functools.partial(_check_miniddp, nproc=1),
-        ),
-        one(
-            'quick: nccl context_parallel on CUDA attention, 1 rank',
-            estimate=15,
+        one('quick: nccl ddp, torchrun, 1 rank, against one process', estimate=15,
+            argv=_torchrun(1, 'ddp_torchrun.py', '--backend nccl --epochs 4'),
+            check=functools.partial(_check_ddp, nproc=1, epochs=4)),
+        one('quick: nccl SyncBatchNorm (ddp_anatomy), 1 rank', estimate=15,
+            argv=_torchrun(1, 'ddp_anatomy.py', '--backend nccl'),
+            check=functools.partial(_check_anatomy, nproc=1)),
+        one('quick: nccl fp16, GradScaler, hooks, profiler on CUDA, inductor on CUDA, 1 rank', estimate=90, timeout=300,
+            argv=_torchrun(1, 'ddp_practice.py', '--backend nccl --parts all --trace-dir', scratch / 'trace-1',
+                           '--compile-backend inductor'),
+            check=functools.partial(_check_practice, nproc=1)),
+        one('quick: nccl mini-DDP (hooks, buckets, overlap), 1 rank', estimate=20, env={'PYTHONPATH': str(ROOT)},
+            argv=_torchrun(1, 'collectives_miniddp.py', miniddp),
+            check=functools.partial(_check_miniddp, nproc=1)),
+        one('quick: nccl context_parallel on CUDA attention, 1 rank', estimate=15,
             argv=_torchrun(1, 'context_parallel_torch.py'),
-            check=functools.partial(_check_context_parallel, nproc=1),
-        ),
-        _script_row(
-            'ZeRO by hand',
-            '10_zero',
-            'measure_zero.py',
-            1,
-            scratch,
-            '--width',
-            '256',
-            '--layers',
-            '6',
-            quick=True,
-            estimate=40,
-            timeout=240,
-        ),
-        _script_row(
-            'FSDP2, CPU offload, checkpoint',
-            '11_fsdp2',
-            'fsdp_save.py',
-            1,
-            scratch,
-            *FSDP_PARTS,
-            '--folder',
-            '{work}/checkpoint',
-            quick=True,
-            estimate=60,
-            timeout=300,
-        ),
-        _script_row(
-            'Megatron by hand',
-            '12_tensor_parallel',
-            'tp_block.py',
-            1,
-            scratch,
-            '--steps',
-            '5',
-            quick=True,
-            estimate=30,
-            timeout=240,
-        ),
-        _script_row(
-            'DTensor plans, loss_parallel',
-            '12_tensor_parallel',
-            'tp_dtensor.py',
-            1,
-            scratch,
-            quick=True,
-            estimate=30,
-            timeout=240,
-        ),
-    ]
-    return table + _scale_rows()
-
-
-def _scale_rows():
-    """Notebook 16's memory prediction against torch.cuda.max_memory_allocated (verify/scale_fit_cuda.py)."""
-    return [
-        Row(
-            'quick: scale.predict against max_memory_allocated, FSDP2 step of a small Llama, 1 rank',
-            needs=1,
-            quick=True,
-            timeout=240,
-            estimate=14,
+            check=functools.partial(_check_context_parallel, nproc=1)),
+        script_row('ZeRO by hand', '10_zero', 'measure_zero.py', 1, scratch, '--width 256 --layers 6', estimate=40),
+        script_row('FSDP2, CPU offload, checkpoint', '11_fsdp2', 'fsdp_save.py', 1, scratch,
+                   f'{FSDP_PARTS} --folder {{work}}/checkpoint', estimate=60, timeout=300),
+        script_row('Megatron by hand', '12_tensor_parallel', 'tp_block.py', 1, scratch, '--steps 5', estimate=30),
+        script_row('DTensor plans, loss_parallel', '12_tensor_parallel', 'tp_dtensor.py', 1, scratch, estimate=30),
+        # Notebook 16's memory prediction against torch.cuda.max_memory_allocated.
+        one('quick: scale.predict against max_memory_allocated, FSDP2 step of a small Llama, 1 rank', estimate=14,
             env={'PYTHONPATH': str(ROOT)},
-            argv=_python(
-                '-m',
-                'torch.distributed.run',
-                '--standalone',
-                '--nproc-per-node=1',
-                ROOT / 'verify' / 'scale_fit_cuda.py',
-            ),
-            check=functools.partial(_check_scale_fit, nproc=1),
-        )
-    ]
+            argv=_command('-m torch.distributed.run --standalone --nproc-per-node=1', scale_fit),
+            check=functools.partial(_check_scale_fit, nproc=1)),
+    ]  # fmt: skip
+    return table

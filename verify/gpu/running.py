@@ -15,7 +15,7 @@ from .rows import _python
 
 def _end(proc):
     """End `proc`'s session: SIGTERM first (torchrun then stops its workers), then SIGKILL."""
-    from d2lpar.processes import end_processes, launched_processes
+    from d2lpar.machinery.processes import end_processes, launched_processes
 
     if proc.poll() is None:
         for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 5)):
@@ -55,7 +55,7 @@ def run_row(row, log, results_dir, online=False):
     if row.notebook is not None:
         # A child process, so that a row's CUDA_VISIBLE_DEVICES applies before CUDA starts.
         code = (
-            'import sys; from d2lpar.render import execute_notebook; '
+            'import sys; from d2lpar.machinery.render import execute_notebook; '
             'nb, setup, s, error = execute_notebook(sys.argv[1], timeout=int(sys.argv[2])); '
             'print(setup); print(error or "ok"); sys.exit(1 if error else 0)'
         )

@@ -77,7 +77,7 @@ MUTANTS += [
         'child-reports-known-names-only',
         NB,
         'a misspelled CUDA variable shows in what the child reports, while the mask stays unset',
-        'd2lpar/programs/mask_child.py',
+        'd2lpar/machinery/programs/mask_child.py',
         old="if 'CUDA' in k.upper() or 'VISIBLE' in k.upper() or k.startswith('OMP_')",
         new="if k in ('CUDA_VISIBLE_DEVICES', 'CUDA_DEVICE_ORDER') or k.startswith('OMP_')",
         catch="assert typo['mask'] is None and typo['env'].get('CUDA_VISIBLE_DEVICE') == ''",

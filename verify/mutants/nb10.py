@@ -13,7 +13,7 @@ MUTANTS = [
         'stepmemory-misses-new-tensors',
         NB,
         'StepMemory counts 16 B per parameter after an AdamW step, and the peak above it',
-        'd2lpar/memory.py',
+        'd2lpar/helpers/memory.py',
         old="        for t in tree_flatten(out)[0]:\n            if isinstance(t, torch.Tensor):\n"
         "                self.add(t)\n",
         new="",

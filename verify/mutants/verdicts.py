@@ -40,16 +40,7 @@ def run_mutant(mutant, root=ROOT, scratch=None, control=False):
             ran = [c for c in cases if c[1].startswith('Cell ')]
             failed = first_failure(cases)
             if failed is None:
-                if code == 0 and ran:
-                    return Row(
-                        mutant.notebook,
-                        mutant.claim,
-                        label,
-                        'PASSED' if control else 'SURVIVED',
-                        '',
-                        time.monotonic() - start,
-                    )
-                raise Broken(f'pytest exited {code} without a failing cell: {tail(out)}')
+                return no_failure(mutant, label, control, code, ran, out, start, 'cell')
             where, error = failing_line(failed[3])
             cell = int(failed[1].split()[1]) if failed[1].startswith('Cell ') else None
             shown = f'{where}  [{error}]' if error else where
@@ -71,16 +62,7 @@ def run_mutant(mutant, root=ROOT, scratch=None, control=False):
         code, cases, out = pytest(copy, [mutant.run], f'{base.name}-{os.getpid()}', timeout=CELL_TIMEOUT * 4)
         failed = first_failure(cases)
         if failed is None:
-            if code == 0 and cases:
-                return Row(
-                    mutant.notebook,
-                    mutant.claim,
-                    label,
-                    'PASSED' if control else 'SURVIVED',
-                    '',
-                    time.monotonic() - start,
-                )
-            raise Broken(f'pytest exited {code} without a failing test: {tail(out)}')
+            return no_failure(mutant, label, control, code, cases, out, start, 'test')
         where, error = failing_line(failed[3])
         key = mutant.catch.split('::')[-1]
         hit = failed[1] == key or failed[1].startswith(key + '[')
@@ -93,6 +75,17 @@ def run_mutant(mutant, root=ROOT, scratch=None, control=False):
         return Row(mutant.notebook, mutant.claim, label, 'BROKEN', str(e), time.monotonic() - start)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def no_failure(mutant, label, control, code, cases, out, start, unit):
+    """Return the Row of a run in which nothing failed: PASSED (control) or SURVIVED (a mutant).
+
+    A run that failed without a failing `unit` (a cell, a test) or ran none is Broken, not a verdict.
+    """
+    if code != 0 or not cases:
+        raise Broken(f'pytest exited {code} without a failing {unit}: {tail(out)}')
+    verdict = 'PASSED' if control else 'SURVIVED'
+    return Row(mutant.notebook, mutant.claim, label, verdict, '', time.monotonic() - start)
 
 
 def code_index_to_cell(path, number):

@@ -24,7 +24,7 @@ environment):
   the script, and ends the rank with os._exit once the script and its atexit handlers are
   done (see the shim's docstring for why);
 - the rendezvous store is hosted by the launching process on 127.0.0.1
-  (`_loopback_store`, TORCHELASTIC_USE_AGENT_STORE=True), and the one log line torch
+  (`_loopback_store` in ports.py, TORCHELASTIC_USE_AGENT_STORE=True), and the one log line torch
   writes about it in every process is left out;
 - the environment: OMP_NUM_THREADS=1, MASTER_ADDR/MASTER_PORT, GLOO_SOCKET_IFNAME and
   NCCL_SOCKET_IFNAME set to loopback, TORCH_ELASTIC_SHUTDOWN_TIMEOUT from `grace`, and the
@@ -46,24 +46,20 @@ lists what is left (it should be nothing) and `end_processes` ends it; both read
 """
 
 import errno
-import json
 import os
 import shlex
 import shutil
 import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 import uuid
 from pathlib import Path
 
-from .checks import positive_int
-from .launch_output import LaunchResult, _Streams, _stream_name
-from .ports import free_port, loopback_interface, port_is_free
-from .processes import MARKER, _end_orphans, _wait_until, end_processes, environment, launched_processes
+from .launch_commands import _changes, _commands, _popen, _wrapped, check_launch
+from .launch_output import LaunchResult, _collect_exits, _collect_results, _Streams
+from .ports import _loopback_store, free_port, loopback_interface, port_is_free
+from .processes import MARKER, _end_orphans, _wait_until, end_processes, launched_processes
 
 __all__ = [
     'LaunchResult',
@@ -75,119 +71,10 @@ __all__ = [
     'loopback_interface',
 ]
 
-LAUNCHERS = ('torchrun', 'python', 'torch.distributed.launch')
-
 # Runs in every rank, copied under the script's name: see its docstring.
 _RANK_SHIM = Path(__file__).with_name('programs') / 'rank_shim.py'
 
-# Runs before torchrun, then becomes it: see its docstring.
-_AGENT_WRAPPER = Path(__file__).with_name('programs') / 'start_agent.py'
-
-
-# ---------------------------------------------------------------- checking the arguments
-
-
-def _check_script(script):
-    if not isinstance(script, (str, os.PathLike)):
-        raise TypeError(f'script must be a path to a Python file, got {type(script).__name__}')
-    path = Path(script).expanduser().resolve()
-    if not path.is_file():
-        raise ValueError(
-            f'no script at {str(script)!r} (looked in {path.parent}); '
-            f'paths are relative to the working directory {os.getcwd()}'
-        )
-    return path
-
-
-def _check_args(args):
-    if isinstance(args, (str, bytes)):
-        raise TypeError(
-            f'args must be a list of strings, not one string {args!r}: '
-            f'write args=[{", ".join(repr(a) for a in str(args).split())}]'
-        )
-    try:
-        args = list(args)
-    except TypeError:
-        raise TypeError(f'args must be a list of strings, got {type(args).__name__}') from None
-    for a in args:
-        if isinstance(a, bool) or not isinstance(a, (str, int, float, os.PathLike)):
-            raise TypeError(f'each of args must be a string or number, got {a!r}')
-    return [os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in args]
-
-
-def _check_seconds(value, name):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f'{name} must be a positive number of seconds, got {value!r}')
-    if value == float('inf'):  # a launch that may never end leaves its processes running
-        raise ValueError(
-            f'{name} must be finite, got inf; for a long run pass a large number of seconds, such as 24 * 3600'
-        )
-    return float(value)
-
-
-def _check_env(env):
-    return environment(env)
-
-
 # ---------------------------------------------------------------- one launch
-
-
-def _commands(script, nproc, nnodes, args, launcher, port, work, max_restarts=0):
-    """Return [(stream name, argv)] for the processes a launch starts."""
-    shim = os.path.join(work, 'shim', script.name)  # so torchrun's reports name the script
-    if launcher == 'python':
-        return [('main', [sys.executable, '-u', shim, str(script), *args])]
-    module = 'torch.distributed.run' if launcher == 'torchrun' else launcher
-    common = [
-        sys.executable,
-        '-m',
-        module,
-        f'--nproc-per-node={nproc}',
-        f'--log-dir={os.path.join(work, "torchelastic")}',
-    ]
-    if max_restarts:
-        common.append(f'--max-restarts={max_restarts}')
-    tail = [shim, str(script), *args]
-    if nnodes == 1:
-        return [
-            (
-                launcher,
-                common + ['--nnodes=1', '--node-rank=0', '--master-addr=127.0.0.1', f'--master-port={port}', *tail],
-            )
-        ]
-    # The static form (--node-rank): with c10d, the first node would host the rendezvous
-    # and the workers' store itself, listening on every interface.
-    return [
-        (
-            f'node{i}',
-            common
-            + [f'--nnodes={nnodes}', f'--node-rank={i}', '--master-addr=127.0.0.1', f'--master-port={port}', *tail],
-        )
-        for i in range(nnodes)
-    ]
-
-
-def _wrapped(argv):
-    """Return the argv a launch starts for `argv`: the agent wrapper, which becomes `argv`."""
-    return [sys.executable, str(_AGENT_WRAPPER), str(os.getpid()), *argv]
-
-
-def _popen(argv, env):
-    return subprocess.Popen(
-        argv,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=env,
-        start_new_session=True,
-    )
-
-
-def _changes(env, base):
-    """Return {name: value} where `env` differs from `base`; None for a removed name."""
-    changed = {k: v for k, v in env.items() if base.get(k) != v}
-    changed.update({k: None for k in base if k not in env})
-    return dict(sorted(changed.items()))
 
 
 def _shutdown(agents, launch_id, grace):
@@ -209,76 +96,6 @@ def _shutdown(agents, launch_id, grace):
     finally:
         if blocked:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-
-
-def _collect_results(result_dir):
-    records = []
-    for entry in os.listdir(result_dir):
-        if entry.endswith('.json'):
-            rank, stamp, _ = entry[:-5].split('-', 2)
-            with open(os.path.join(result_dir, entry)) as f:
-                records.append(((int(rank), int(stamp)), json.load(f)))
-    return [record for _, record in sorted(records, key=lambda item: item[0])]
-
-
-# What torch logs once a process finds the launcher's store where it would have hosted one.
-
-
-def _loopback_store(port, timeout):
-    """Host the launch's rendezvous store on 127.0.0.1 only; return (store, port).
-
-    Left to itself, torchrun's agent (or rank 0 under mp.spawn) hosts the store
-    with TCPStore, which listens on every interface (*:PORT): anyone who can
-    reach the machine could reach the job. TCPStore listens where it is told
-    only when handed a listening socket (`master_listen_fd`), so the launcher
-    binds one to 127.0.0.1 and hosts the store itself for as long as the launch
-    runs. The agents and ranks find it through TORCHELASTIC_USE_AGENT_STORE=True
-    with MASTER_ADDR/MASTER_PORT naming it: TCPStore then treats the failed bind
-    of a would-be server as "the agent serves this store" and connects as a
-    client (torch/distributed/rendezvous.py, `_agent_store_serves`).
-    """
-    import datetime
-
-    import torch.distributed as dist
-
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        if os.name == 'posix':  # as TCPStore does: old TIME_WAIT connections do not count
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(('127.0.0.1', port or 0))
-        sock.listen(128)
-    except OSError:
-        sock.close()
-        raise
-    port = sock.getsockname()[1]
-    fd = sock.detach()  # the store owns the socket now and closes it when it ends
-    try:
-        store = dist.TCPStore(
-            '127.0.0.1',
-            port,
-            None,
-            True,
-            wait_for_workers=False,
-            multi_tenant=True,
-            master_listen_fd=fd,
-            timeout=datetime.timedelta(seconds=timeout),
-        )
-    except BaseException:
-        os.close(fd)
-        raise
-    return store, port
-
-
-def _collect_exits(exit_dir):
-    exits = {}
-    if os.path.isdir(exit_dir):
-        for entry in os.listdir(exit_dir):
-            if entry.endswith('.json'):
-                stem = entry[:-5]
-                name = _stream_name(stem)
-                with open(os.path.join(exit_dir, entry)) as f:
-                    exits[name] = json.load(f)
-    return exits
 
 
 def _launch_once(script, nproc, nnodes, args, timeout, env, echo, launcher, port, grace, max_restarts=0):
@@ -432,29 +249,7 @@ def launch(
     (SIGTERM to torchrun, `grace` s, then SIGKILL); an interrupt is re-raised
     afterwards.
     """
-    script = _check_script(script)
-    nproc, nnodes = positive_int(nproc, 'nproc'), positive_int(nnodes, 'nnodes')
-    args, env = _check_args(args), _check_env(env)
-    timeout, grace = _check_seconds(timeout, 'timeout'), _check_seconds(grace, 'grace')
-    if launcher not in LAUNCHERS:
-        raise ValueError(f'launcher must be one of {LAUNCHERS}, got {launcher!r}')
-    if launcher == 'python' and (nproc != 1 or nnodes != 1):
-        raise ValueError(
-            "launcher='python' starts one process: use nproc=1 and pass the "
-            "number of workers to the script itself (e.g. args=['--nproc', '2'])"
-        )
-    if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536):
-        raise ValueError(f'port must be an int in 1..65535 or None (pick a free one), got {port!r}')
-    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
-        raise ValueError(
-            f'max_restarts must be an int >= 0 (how many times torchrun may restart '
-            f'the group after a failure), got {max_restarts!r}'
-        )
-    if launcher == 'python' and max_restarts:
-        raise ValueError(
-            "max_restarts needs torchrun: launcher='python' runs one plain process "
-            "that nothing restarts; use launcher='torchrun'"
-        )
-    if os.name != 'posix':
-        raise OSError('d2lpar.launch needs Linux or macOS (on Windows use WSL, or run torchrun yourself in a terminal)')
+    script, nproc, nnodes, args, env, timeout, grace = check_launch(
+        script, nproc, nnodes, args, env, timeout, grace, launcher, port, max_restarts
+    )
     return _launch_once(script, nproc, nnodes, args, timeout, env, echo, launcher, port, grace, max_restarts)

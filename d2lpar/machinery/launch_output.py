@@ -1,8 +1,9 @@
 """What a launch reports: LaunchResult, and the ranks' output streams as one ordered text.
 
-d2lpar/launch.py runs the processes; this module holds what they leave to read.
+d2lpar/machinery/launch.py runs the processes; this module holds what they leave to read.
 """
 
+import json
 import os
 import queue
 from dataclasses import dataclass, field
@@ -142,3 +143,25 @@ class _Streams:
                 self.add(name, rest.decode(errors='replace'))
             elif rest:
                 self.partial[entry] = rest
+
+
+def _collect_results(result_dir):
+    records = []
+    for entry in os.listdir(result_dir):
+        if entry.endswith('.json'):
+            rank, stamp, _ = entry[:-5].split('-', 2)
+            with open(os.path.join(result_dir, entry)) as f:
+                records.append(((int(rank), int(stamp)), json.load(f)))
+    return [record for _, record in sorted(records, key=lambda item: item[0])]
+
+
+def _collect_exits(exit_dir):
+    exits = {}
+    if os.path.isdir(exit_dir):
+        for entry in os.listdir(exit_dir):
+            if entry.endswith('.json'):
+                stem = entry[:-5]
+                name = _stream_name(stem)
+                with open(os.path.join(exit_dir, entry)) as f:
+                    exits[name] = json.load(f)
+    return exits

@@ -5,8 +5,8 @@ import platform
 
 import torch
 
-from .data import fashion_mnist_source
-from .devices import gpu_problem, hardware_tier, num_gpus, small_workload
+from ..data import fashion_mnist_source
+from ..devices import gpu_problem, hardware_tier, num_gpus, small_workload
 
 __all__ = ['report', 'show_setup', 'torch_problem']
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .saving import write_whole
 
-PACKAGE = Path(__file__).resolve().parent
+PACKAGE = Path(__file__).resolve().parents[1]  # all of d2lpar, not only this folder
 
 
 def cache_key(nb, notebook, small):
