@@ -77,7 +77,7 @@ MUTANTS = [
         target=TARGET,
         old="('B', 2) if full_backward else ('I', 1)",
         new="('B', 1) if full_backward else ('I', 1)",
-        catch='assert ideal - overrun / (p * ideal_span * unit) <= measured < naive',
+        catch='assert ideal - overrun / (p * ideal_span * unit) <= measured, (name, ideal, overrun, measured)',
     ),
     Mutant(
         name='zero-bubble-first-stage-drawn-as-I-and-W',
