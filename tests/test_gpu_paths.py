@@ -190,7 +190,7 @@ def _p2p_script_worker(rank, world_size, port, out):
 def test_the_p2p_script_posts_its_ring_exchange_as_one_batch(tmp_path, world_size):
     """Part 4 of notebook 9's collectives_p2p.py: its isend and irecv (to the same peer with
     2 ranks) go to the backend as one batch, as NCCL requires; no isend or irecv outside one."""
-    from d2lpar.launch import free_port
+    from d2lpar.machinery.ports import free_port
 
     torch.multiprocessing.spawn(_p2p_script_worker, args=(world_size, free_port(), str(tmp_path)), nprocs=world_size)
     n = world_size

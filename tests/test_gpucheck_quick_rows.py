@@ -50,3 +50,23 @@ def test_one_rank_shards_nothing_so_measure_zero_does_not_ask_its_peaks_to_fall(
         script_checks._check_measure_zero(
             {k: dict(two, peak=dict(zip(stages, [6857776, 6857776, 6864948, 7127092]))) for k in range(2)}, []
         )
+
+
+@pytest.mark.parametrize('version', ['2.11.0+cu130', None])
+def test_gpucheck_says_so_next_to_its_verdicts_when_torch_is_older_than_the_floor(
+    version, tmp_path, monkeypatch, capsys
+):
+    import torch
+
+    if version:  # the first GPU run's torch (the machine's own, nothing newer could reach it)
+        monkeypatch.setattr(torch, '__version__', version)
+    monkeypatch.setattr(gpucheck, 'rows', lambda scratch: [gpucheck.Row('fine', argv=[sys.executable, '-c', 'pass'])])
+    monkeypatch.setattr(
+        gpucheck,
+        'driver_gpus',
+        lambda: dict(count=0, version=None, cuda=None, exclusive=False, summary='no NVIDIA GPU'),
+    )
+    assert gpucheck.main(['--allow-cpu', '--logs', str(tmp_path)]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith('note: torch')]
+    assert len(notes) == (1 if version else 0)
+    assert all(version in line and 'older than' in line for line in notes)

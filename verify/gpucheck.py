@@ -123,6 +123,10 @@ def main(argv=None):
     if status:
         print('\n'.join(gpu_facts(driver)), file=sys.stderr)
         return status
+    from d2lpar.machinery.info import torch_problem
+
+    if torch_problem():  # the first GPU run had only torch 2.11 at hand: say so next to every verdict
+        print(f'note: {torch_problem()} A row may fail for that reason alone.', flush=True)
     if driver['exclusive']:
         print(
             'note: the GPUs are in EXCLUSIVE_PROCESS compute mode: rows that put several '

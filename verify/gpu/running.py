@@ -40,7 +40,7 @@ def _read_results(folder):
 
 def run_row(row, log, results_dir, online=False):
     """Run one row, writing its output to `log`; return (ok, seconds, note)."""
-    from d2lpar.launch import free_port
+    from d2lpar.machinery.ports import free_port
 
     env = dict(os.environ)
     env.pop('D2LPAR_SMALL', None)  # full size, as a learner runs it, unless the row says
