@@ -48,7 +48,7 @@ def test_on_a_machine_without_gpus_the_gpu_rows_are_skipped_and_the_table_printe
     assert any('nccl restart' in line for line in skipped)
     assert any('tp_block.py' in line for line in skipped)
     assert [line for line in lines if 'SKIPPED (needs 8 GPUs)' in line][-1].startswith(
-        'nccl 13_pipeline_parallel parallel_3d.py'
+        'nccl 14_pipeline_parallel parallel_3d.py'
     )
     assert lines[-1].startswith(f'0 passed, 0 failed, {len(chosen)} skipped or not run')
     assert len((tmp_path / 'summary.tsv').read_text().splitlines()) == len(chosen) + 1
@@ -204,7 +204,7 @@ def test_a_script_the_notebook_does_not_write_is_named_before_any_kernel_starts(
             sys.executable,
             gpucheck.__file__,
             'script',
-            'notebooks/13_pipeline_parallel.ipynb',
+            'notebooks/14_pipeline_parallel.ipynb',
             'no_such.py',
             '--backend',
             'gloo',

@@ -21,7 +21,7 @@ build/gpucheck/summary.tsv), its output to build/gpucheck/ROW.log; the end is on
 under the machine's GPU facts. Exit status 1 when a row failed. Notebooks run offline
 (D2LPAR_OFFLINE=1, the stand-in data) unless --online.
 
-A script that a notebook writes with `%%writefile {work}/NAME.py` (notebooks 10-13) is run
+A script that a notebook writes with `%%writefile {work}/NAME.py` (notebooks 10-14) is run
 by a row of its own, which is also a command:
 
     python verify/gpucheck.py script notebooks/12_tensor_parallel.ipynb tp_block.py \

@@ -204,7 +204,7 @@ def rows(scratch):
             argv=_python(SCRIPTS / 'nccl_flight_recorder.py', '--dump-dir', scratch / 'fr'),
             check=_check_flight_recorder,
         ),
-        # The scripts notebooks 10-13 write, with the notebook's own arguments at full size.
+        # The scripts notebooks 10-14 write, with the notebook's own arguments at full size.
         _script_row('ZeRO by hand', '10_zero', 'measure_zero.py', 2, scratch, '--width', '256', '--layers', '6'),
         _script_row(
             'FSDP2, checkpoint',
@@ -223,7 +223,7 @@ def rows(scratch):
         _script_row('DTensor plans, loss_parallel', '12_tensor_parallel', 'tp_dtensor.py', 2, scratch),
         _script_row(
             'five schedules',
-            '13_pipeline_parallel',
+            '14_pipeline_parallel',
             'pp_schedules.py',
             2,
             scratch,
@@ -234,7 +234,7 @@ def rows(scratch):
             '--batch',
             '32',
         ),
-        _script_row('pp x FSDP2 x tp', '13_pipeline_parallel', 'parallel_3d.py', 8, scratch, '--steps', '10'),
+        _script_row('pp x FSDP2 x tp', '14_pipeline_parallel', 'parallel_3d.py', 8, scratch, '--steps', '10'),
         Row(
             'pytest: the tests that need two GPUs',
             2,
@@ -399,7 +399,7 @@ def quick_rows(scratch):
 
 
 def _scale_rows():
-    """Notebook 16's memory prediction against torch.cuda.max_memory_allocated (verify/scale_fit_cuda.py)."""
+    """Notebook 17's memory prediction against torch.cuda.max_memory_allocated (verify/scale_fit_cuda.py)."""
     return [
         Row(
             'quick: scale.predict against max_memory_allocated, FSDP2 step of a small Llama, 1 rank',

@@ -1,4 +1,4 @@
-"""What the scripts notebooks 10-13 write (%%writefile) must hand back, by script name."""
+"""What the scripts notebooks 10-14 write (%%writefile) must hand back, by script name."""
 
 from .checks import _expect
 
@@ -39,7 +39,7 @@ def _check_tp_dtensor(results, args):
 
 
 def _one_process_pp(batch):
-    """Notebook 13's reference: its network and batch trained unsplit; (loss, flat gradients)."""
+    """Notebook 14's reference: its network and batch trained unsplit; (loss, flat gradients)."""
     import torch
     from torch import nn
 
@@ -56,7 +56,7 @@ def _one_process_pp(batch):
 
 
 def _check_pp_schedules(results, args):
-    """Notebook 13's facts after pp_schedules.py: every schedule = one process, in-flight peaks."""
+    """Notebook 14's facts after pp_schedules.py: every schedule = one process, in-flight peaks."""
     p = len(results)
     batch = int(args[args.index('--batch') + 1]) if '--batch' in args else 32
     want_loss, want = _one_process_pp(batch)
@@ -82,7 +82,7 @@ def _check_pp_schedules(results, args):
 
 
 def _check_parallel_3d(results, args):
-    """Notebook 13's facts after parallel_3d.py: 3D = one process within rounding."""
+    """Notebook 14's facts after parallel_3d.py: 3D = one process within rounding."""
     r = results[0]
     sizes = r['sizes']
     tolerance = sizes['LR'] * r['steps'] * sizes['B'] * sizes['T'] * sizes['H'] * 2.0**-23
