@@ -109,8 +109,8 @@ REQUIRED = {
         'sum_replicated_grads',
         'saved_bytes',
         'count_wire_bytes',
-        'block_bytes',
     ],
+    '13_tensor_parallel_dtensor': ['block_bytes'],
     '14_pipeline_parallel': [
         'Busy',
         'StandInDevice',
