@@ -46,7 +46,7 @@ def test_on_a_machine_without_gpus_the_gpu_rows_are_skipped_and_the_table_printe
     skipped = [line for line in lines if 'SKIPPED (needs 2 GPUs)' in line and line[0] != '[']
     assert len(skipped) == sum(row.needs == 2 for row in chosen) > 10
     assert any('nccl restart' in line for line in skipped)
-    assert any('tp_block.py' in line for line in skipped)
+    assert any('tp_sp.py' in line for line in skipped)
     assert [line for line in lines if 'SKIPPED (needs 8 GPUs)' in line][-1].startswith(
         'nccl 14_pipeline_parallel parallel_3d.py'
     )
@@ -157,13 +157,14 @@ def test_a_notebook_script_row_writes_the_script_as_the_notebook_does_and_checks
 
 
 @pytest.mark.skipif(__import__('d2lpar').num_gpus() > 0, reason='with GPUs the rows would run')
-@pytest.mark.parametrize('script', ['tp_block', 'tp_dtensor'])
+@pytest.mark.parametrize('script', ['tp_sp', 'tp_loss'])
 def test_the_one_rank_tensor_parallel_rows_get_the_whole_script_and_its_result(tmp_path, script):
     """The quick rows of the tensor-parallel notebooks, on gloo: the script as the notebook
     writes it (every part and version, not the first cell alone), and one rank's result back.
 
-    On an H200 both rows exited 0 and handed back nothing: only the first of the script's
-    parts had been written, which set up the process group and ended.
+    On an H200 both rows (then tp_block.py and tp_dtensor.py, written in `%%writefile -a`
+    parts) exited 0 and handed back nothing: only the first part had been written, which set
+    up the process group and ended.
     """
     [row] = [r for r in gpucheck.rows(tmp_path / 'unused') if r.quick and f' {script}' in r.name]
     argv = list(map(str, row.argv))
@@ -197,6 +198,32 @@ def test_the_other_script_checks_catch_their_classic_bugs():
         edit(broken[0])
         with pytest.raises(checks.CheckFailed, match=message):
             script_checks._check_tp_block(broken, [])
+    from d2lpar.tensor_parallel import block_bytes
+
+    want = block_bytes(1000, 32, 8, 2, replicated=40)
+    costs = {
+        rank: dict(
+            params=1000,
+            B=4,
+            T=8,
+            D=8,
+            replicated=40,
+            peak=1e9,
+            bytes={name: {'x': [1, round(b)]} for name, b in want.items()},
+            seconds={name: 0.01 for name in want},
+        )
+        for rank in (0, 1)
+    }
+    script_checks._check_tp_costs(costs, [])
+    for rank in costs:  # a missing all-reduce
+        costs[rank]['bytes']['TP'] = {'all_reduce': [3, round(want['TP'] * 3 / 4)]}
+    with pytest.raises(checks.CheckFailed, match='TP: ranks sent'):
+        script_checks._check_tp_costs(costs, [])
+    for rank in costs:
+        costs[rank]['bytes']['TP'] = {'all_reduce': [4, round(want['TP'])]}
+    costs[0]['seconds']['DP'] = 1e-6  # faster than the peak allows
+    with pytest.raises(checks.CheckFailed, match='DP: MFU'):
+        script_checks._check_tp_costs(costs, [])
     coords = [(a, b, c) for a in range(2) for b in range(2) for c in range(2)]
     rows = [[0, 8], [16, 24], [8, 16], [24, 32]] + [[0, 8]] * 4
     three_d = {
@@ -475,8 +502,8 @@ def test_every_gpu_row_checks_numbers_and_the_quick_rows_fit_one_gpu_in_8_minute
         'context_parallel',
         'measure_zero',
         'fsdp_save',
-        'tp_block',
-        'tp_dtensor',
+        'tp_sp',
+        'tp_loss',
         '01_single_device',
         '08_lenet',
     ):

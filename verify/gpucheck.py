@@ -24,7 +24,7 @@ under the machine's GPU facts. Exit status 1 when a row failed. Notebooks run of
 A script that a notebook writes with `%%writefile {work}/NAME.py` (notebooks 10-14) is run
 by a row of its own, which is also a command:
 
-    python verify/gpucheck.py script notebooks/12_tensor_parallel.ipynb tp_block.py \
+    python verify/gpucheck.py script notebooks/13_tensor_parallel_dtensor.ipynb tp_mfu.py \
         --nproc 2 --backend nccl --device cuda -- --steps 20
 
 It runs the notebook's first code cell, its `#@save` cells and that `%%writefile` cell in a

@@ -4,7 +4,7 @@ from .checks import _expect
 
 
 def _check_tp_block(results, args):
-    """Notebook 12's facts after tp_block.py: equal to one process, four all-reduces."""
+    """Notebook 12's facts after tp_sp.py: equal to one process, four all-reduces."""
     for rank, r in results.items():
         for name in ('megatron', 'sp'):
             worst = max(r[name]['out'], r[name]['x_grad'], r[name]['grads'])
@@ -21,7 +21,7 @@ def _check_tp_block(results, args):
 
 
 def _check_tp_dtensor(results, args):
-    """Notebook 12's facts after tp_dtensor.py: DTensor plans = Megatron by hand = one process."""
+    """Notebook 13's facts after tp_loss.py: DTensor plans = Megatron by hand = one process."""
     for rank, r in results.items():
         lp = r['loss_parallel']
         diffs = [r['tp']['diff'], r['sp']['diff'], lp['grads'], abs(lp['loss'] - lp['want'])]
@@ -36,6 +36,20 @@ def _check_tp_dtensor(results, args):
             r['sp']['collectives'] == {'all_gather_into_tensor': 4, 'reduce_scatter_tensor': 4},
             f"rank {rank}: sequence-parallel collectives {r['sp']['collectives']}",
         )
+
+
+def _check_tp_costs(results, args):
+    """Notebook 13's facts after tp_mfu.py: each strategy's collectives = block_bytes, MFU below 1."""
+    from d2lpar.tensor_parallel import block_bytes
+
+    r = results[0]
+    want = block_bytes(r['params'], r['B'] * r['T'], r['D'], len(results), replicated=r['replicated'])
+    for name, formula in want.items():
+        sent = [sum(b for _, b in results[rank]['bytes'][name].values()) for rank in results]
+        _expect(max(sent) == round(formula), f'{name}: ranks sent {sent} bytes, block_bytes says {formula:.0f}')
+        flop = r['B'] * r['T'] * (6 * r['params'] + 12 * r['T'] * r['D']) * (2 if name == 'PP' else 1)
+        mfu = flop / r['seconds'][name] / sum(results[rank]['peak'] for rank in results)
+        _expect(0 < mfu < 1, f'{name}: MFU {mfu:.2f} against the measured peak')
 
 
 def _one_process_pp(batch):
@@ -138,8 +152,9 @@ def _check_fsdp_save(results, args):
 CHECKS = {
     'measure_zero.py': _check_measure_zero,
     'fsdp_save.py': _check_fsdp_save,
-    'tp_block.py': _check_tp_block,
-    'tp_dtensor.py': _check_tp_dtensor,
+    'tp_sp.py': _check_tp_block,
+    'tp_loss.py': _check_tp_dtensor,
+    'tp_mfu.py': _check_tp_costs,
     'pp_schedules.py': _check_pp_schedules,
     'parallel_3d.py': _check_parallel_3d,
 }
