@@ -1,11 +1,11 @@
-"""Context parallelism by hand: ring attention with the online-softmax merge (notebook 14).
+"""Context parallelism by hand: ring attention with the online-softmax merge (notebook 15).
 
 The name notebooks and scripts import. What the notebook teaches is generated into
-d2lpar/lessons/nb14_context_expert.py (edit the notebook's `#@save` cell, then `make lib`), its
+d2lpar/lessons/nb15_context_expert.py (edit the notebook's `#@save` cell, then `make lib`), its
 argument checks live in d2lpar/checks/.
 """
 
-from .lessons.nb14_context_expert import *  # noqa: F403
-from .lessons.nb14_context_expert import __all__ as _nb14
+from .lessons.nb15_context_expert import *  # noqa: F403
+from .lessons.nb15_context_expert import __all__ as _nb15
 
-__all__ = [*_nb14]
+__all__ = [*_nb15]

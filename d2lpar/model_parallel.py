@@ -4,7 +4,7 @@ Notebook 4's lesson under the name notebooks and scripts import: d2lpar/lessons/
 generated from the notebook's `#@save` cells (edit the cell, then `make lib`); its argument checks
 are in d2lpar/checks/nb04_model_parallel.py.
 It also re-exports what the notebook uses but does not teach, from d2lpar/helpers/.
-(Notebook 13's torch.distributed.pipelining is d2lpar.pipelining.)
+(Notebook 14's torch.distributed.pipelining is d2lpar.pipelining.)
 """
 
 from .helpers.footprint import memory_footprint

@@ -1,4 +1,4 @@
-"""Reasoning at scale (notebook 16): one rank of a big job in one process, and a predictor checked against it.
+"""Reasoning at scale (notebook 17): one rank of a big job in one process, and a predictor checked against it.
 
 `fake_step` runs one rank's real training step of a Llama 3 model under FSDP2 (and
 tensor parallelism) with torch's `fake` process-group backend and `FakeTensorMode`:
@@ -6,7 +6,7 @@ every operation computes shapes only, nothing is allocated and nothing is sent, 
 FSDP2, DTensor, autograd and AdamW run their real code. It returns what the step
 would do on that rank: its collectives and bytes, its FLOPs and its peak memory by
 category. The predictor it is held against (`predict`, `check_mfu` and their parts) is taught in
-notebook 16's `#@save` cells and generated into d2lpar/lessons/nb16_reasoning_at_scale.py (edit the
+notebook 17's `#@save` cells and generated into d2lpar/lessons/nb17_reasoning_at_scale.py (edit the
 notebook, then `make lib`); this module re-exports it beside the tooling the notebook only calls.
 """
 
@@ -18,10 +18,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from .lessons.nb16_reasoning_at_scale import *  # noqa: F403
-from .lessons.nb16_reasoning_at_scale import __all__ as _nb16
+from .lessons.nb17_reasoning_at_scale import *  # noqa: F403
+from .lessons.nb17_reasoning_at_scale import __all__ as _nb17
 
-__all__ = [*_nb16, 'LLAMA3', 'PUBLISHED', 'Llama', 'fake_step', 'WIRE']
+__all__ = [*_nb17, 'LLAMA3', 'PUBLISHED', 'Llama', 'fake_step', 'WIRE']
 
 # Llama 3.1 shapes as torchtitan builds them (torchtitan/models/llama/__init__.py at commit
 # 9dec370, the commit of its December 2024 benchmarks; the FFN width is torchtitan's rounding of

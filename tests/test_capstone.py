@@ -1,4 +1,4 @@
-"""The capstone's saved code (notebook 17): layouts, the cost model, StepCost and the planted bugs."""
+"""The capstone's saved code (notebook 18): layouts, the cost model, StepCost and the planted bugs."""
 
 import contextlib
 import datetime

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from spawned import run_ranks
 
 from d2lpar import context_parallel as CP
-from d2lpar.lessons import nb14_context_expert as lesson
+from d2lpar.lessons import nb15_context_expert as lesson
 from d2lpar.distributed import count_calls
 
 EPS = torch.finfo(torch.float64).eps

@@ -1,4 +1,4 @@
-"""d2lpar.fault_tolerance (notebook 15): stuck-rank finding, checkpoint intervals, replay."""
+"""d2lpar.fault_tolerance (notebook 16): stuck-rank finding, checkpoint intervals, replay."""
 
 import math
 import random

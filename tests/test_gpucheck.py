@@ -47,9 +47,9 @@ def test_on_a_machine_without_gpus_the_gpu_rows_are_skipped_and_the_table_printe
     skipped = [line for line in lines if 'SKIPPED (needs 2 GPUs)' in line and line[0] != '[']
     assert len(skipped) == sum(row.needs == 2 for row in chosen) > 10
     assert any('nccl restart' in line for line in skipped)
-    assert any('tp_block.py' in line for line in skipped)
+    assert any('tp_sp.py' in line for line in skipped)
     assert [line for line in lines if 'SKIPPED (needs 8 GPUs)' in line][-1].startswith(
-        'nccl 13_pipeline_parallel parallel_3d.py'
+        'nccl 14_pipeline_parallel parallel_3d.py'
     )
     assert lines[-1].startswith(f'0 passed, 0 failed, {len(chosen)} skipped or not run')
     assert len((tmp_path / 'summary.tsv').read_text().splitlines()) == len(chosen) + 1
@@ -157,6 +157,27 @@ def test_a_notebook_script_row_writes_the_script_as_the_notebook_does_and_checks
     assert launched_processes() == []
 
 
+@pytest.mark.skipif(__import__('d2lpar').num_gpus() > 0, reason='with GPUs the rows would run')
+@pytest.mark.parametrize('script', ['tp_sp', 'tp_loss'])
+def test_the_one_rank_tensor_parallel_rows_get_the_whole_script_and_its_result(tmp_path, script):
+    """The quick rows of the tensor-parallel notebooks, on gloo: the script as the notebook
+    writes it (every part and version, not the first cell alone), and one rank's result back.
+
+    On an H200 both rows (then tp_block.py and tp_dtensor.py, written in `%%writefile -a`
+    parts) exited 0 and handed back nothing: only the first part had been written, which set
+    up the process group and ended.
+    """
+    [row] = [r for r in gpucheck.rows(tmp_path / 'unused') if r.quick and f' {script}' in r.name]
+    argv = list(map(str, row.argv))
+    assert row.needs == 1 and argv[argv.index('--nproc') + 1] == '1'
+    argv[argv.index('--backend') + 1], argv[argv.index('--device') + 1] = 'gloo', 'cpu'
+    argv[argv.index('--scratch') + 1] = str(tmp_path / 'row')
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert 'on 1 processes (gloo, cpu): checked:' in done.stdout, done.stdout[-3000:]
+    assert 'destroy_process_group() was not called' not in done.stderr
+
+
 def test_the_other_script_checks_catch_their_classic_bugs():
     good_tp = {'out': 1e-7, 'x_grad': 1e-7, 'grads': 1e-7}
     tp_block = {
@@ -178,6 +199,32 @@ def test_the_other_script_checks_catch_their_classic_bugs():
         edit(broken[0])
         with pytest.raises(checks.CheckFailed, match=message):
             script_checks._check_tp_block(broken, [])
+    from d2lpar.tensor_parallel import block_bytes
+
+    want = block_bytes(1000, 32, 8, 2, replicated=40)
+    costs = {
+        rank: dict(
+            params=1000,
+            B=4,
+            T=8,
+            D=8,
+            replicated=40,
+            peak=1e9,
+            bytes={name: {'x': [1, round(b)]} for name, b in want.items()},
+            seconds={name: 0.01 for name in want},
+        )
+        for rank in (0, 1)
+    }
+    script_checks._check_tp_costs(costs, [])
+    for rank in costs:  # a missing all-reduce
+        costs[rank]['bytes']['TP'] = {'all_reduce': [3, round(want['TP'] * 3 / 4)]}
+    with pytest.raises(checks.CheckFailed, match='TP: ranks sent'):
+        script_checks._check_tp_costs(costs, [])
+    for rank in costs:
+        costs[rank]['bytes']['TP'] = {'all_reduce': [4, round(want['TP'])]}
+    costs[0]['seconds']['DP'] = 1e-6  # faster than the peak allows
+    with pytest.raises(checks.CheckFailed, match='DP: MFU'):
+        script_checks._check_tp_costs(costs, [])
     coords = [(a, b, c) for a in range(2) for b in range(2) for c in range(2)]
     rows = [[0, 8], [16, 24], [8, 16], [24, 32]] + [[0, 8]] * 4
     three_d = {
@@ -205,7 +252,7 @@ def test_a_script_the_notebook_does_not_write_is_named_before_any_kernel_starts(
             sys.executable,
             gpucheck.__file__,
             'script',
-            'notebooks/13_pipeline_parallel.ipynb',
+            'notebooks/14_pipeline_parallel.ipynb',
             'no_such.py',
             '--backend',
             'gloo',
@@ -356,8 +403,8 @@ def test_every_gpu_row_checks_numbers_and_the_quick_rows_fit_one_gpu_in_8_minute
         'context_parallel',
         'measure_zero',
         'fsdp_save',
-        'tp_block',
-        'tp_dtensor',
+        'tp_sp',
+        'tp_loss',
         '01_single_device',
         '08_lenet',
     ):

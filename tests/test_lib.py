@@ -109,9 +109,9 @@ REQUIRED = {
         'sum_replicated_grads',
         'saved_bytes',
         'count_wire_bytes',
-        'block_bytes',
     ],
-    '13_pipeline_parallel': [
+    '13_tensor_parallel_dtensor': ['block_bytes'],
+    '14_pipeline_parallel': [
         'Busy',
         'StandInDevice',
         'split_backward',
@@ -122,7 +122,7 @@ REQUIRED = {
     ],
     '05_ddp': ['init_process', 'make_loader', 'train_epoch', 'train_ddp'],
     '06_ddp_launching': ['load_snapshot'],
-    '14_context_expert': [
+    '15_context_expert': [
         'pairwise_all_to_all',
         'all_to_all_cost',
         'route',
@@ -144,7 +144,7 @@ REQUIRED = {
         'ring_attention',
         'ring_attention_bytes',
     ],
-    '15_fault_tolerance': [
+    '16_fault_tolerance': [
         'set_timeout',
         'behind',
         'young_interval',
@@ -159,7 +159,7 @@ REQUIRED = {
         'slow_all_reduce',
         'outer_step',
     ],
-    '17_capstone': [
+    '18_capstone': [
         'CausalAttention',
         'GPTBlock',
         'TinyGPT',

@@ -169,7 +169,7 @@ def test_exercise_rows_name_the_checker_and_its_notebook():
     )
     assert run.checker_of('test_merge_wrong_answers_get_their_hint', 'merge_no_rescale-x', chapters) == (
         'check_online_softmax_merge',
-        '14_context_expert',
+        '15_context_expert',
     )
     assert run.checker_of('test_zero2_hook_wrong_answers_get_their_hint', 'no-division', chapters) == (
         'check_zero2_hook',

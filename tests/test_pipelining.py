@@ -1,4 +1,4 @@
-"""d2lpar.pipelining (notebook 13): replaying a schedule's order gives its formula's bubble."""
+"""d2lpar.pipelining (notebook 14): replaying a schedule's order gives its formula's bubble."""
 
 import pytest
 

@@ -21,10 +21,10 @@ build/gpucheck/summary.tsv), its output to build/gpucheck/ROW.log; the end is on
 under the machine's GPU facts. Exit status 1 when a row failed. Notebooks run offline
 (D2LPAR_OFFLINE=1, the stand-in data) unless --online.
 
-A script that a notebook writes with `%%writefile {work}/NAME.py` (notebooks 10-13) is run
+A script that a notebook writes with `%%writefile {work}/NAME.py` (notebooks 10-14) is run
 by a row of its own, which is also a command:
 
-    python verify/gpucheck.py script notebooks/12_tensor_parallel.ipynb tp_block.py \
+    python verify/gpucheck.py script notebooks/13_tensor_parallel_dtensor.ipynb tp_mfu.py \
         --nproc 2 --backend nccl --device cuda -- --steps 20
 
 It runs the notebook's first code cell, its `#@save` cells and that `%%writefile` cell in a
@@ -107,7 +107,8 @@ def main(argv=None):
             print(f'{row.needs} GPU(s)  {row.name}{estimate}')
         if args.quick:
             print(
-                f'estimated total: {sum(r.estimate or 0 for r in table)} s on one H100 (an estimate, not a measurement)'
+                f'total: about {sum(r.estimate or 0 for r in table)} s on one GPU (each row as measured on an H200, '
+                'or estimated where it has not run there: verify/gpu/rows.py, quick_rows)'
             )
         return 0
     import torch

@@ -2,7 +2,7 @@
 
 Run:  torchrun --standalone --nproc-per-node=1 verify/scale_fit_cuda.py   (PYTHONPATH=the repo)
 
-Notebook 16 checks `scale.predict`'s memory against CPU processes (`StepMemory`) and fake runs;
+Notebook 17 checks `scale.predict`'s memory against CPU processes (`StepMemory`) and fake runs;
 this is the same step on CUDA (bf16 compute, fp32 reduction, AdamW, full checkpointing, so that
 torch's CUDA attention kernels save nothing the CPU one does not), measured over the second
 step with torch.cuda.max_memory_allocated. verify/gpucheck.py compares it with the prediction.

@@ -82,19 +82,6 @@ def _check_attend(q, k, v, head_dim):
         raise ValueError(f'attend: the {q.shape[-1]} features must divide into heads of head_dim={head_dim}')
 
 
-def _check_block_bytes(num_params, tokens, dim, n, replicated=0, bytes_per_value=4):
-    for name, value in (
-        ('num_params', num_params),
-        ('tokens', tokens),
-        ('dim', dim),
-        ('n', n),
-        ('bytes_per_value', bytes_per_value),
-    ):
-        positive_int(value, f'block_bytes: {name}')
-    if not isinstance(replicated, int) or isinstance(replicated, bool) or not 0 <= replicated <= num_params:
-        raise ValueError(f'block_bytes: replicated must be an int from 0 to num_params, got {replicated!r}')
-
-
 def _check_block(block):
     from d2lpar.lessons.nb12_tensor_parallel import Block  # the lesson imports this module
 
@@ -117,5 +104,4 @@ CHECKS = {
     'ParallelSelfAttention.__init__': _check_parallel_attention,
     'megatron_block': _check_block,
     'sequence_parallel_block': _check_block,
-    'block_bytes': _check_block_bytes,
 }

@@ -25,6 +25,7 @@ from .reasoning_at_scale import check_largest_batch
 from .zero import check_zero2_hook
 from .single_device import check_pick_device
 from .tensor_parallel import check_row_parallel_linear
+from .tensor_parallel_dtensor import check_mfu
 from .visible_devices import check_visible_count
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     'check_slurm_ranks',
     'check_accumulation',
     'check_row_parallel_linear',
+    'check_mfu',
     'check_interleaved_stages',
     'check_online_softmax_merge',
     'check_choose_layout',

@@ -1,4 +1,4 @@
-"""Checker of notebook 17: the fastest layout that fits, by notebook 16's predictor."""
+"""Checker of notebook 18: the fastest layout that fits, by notebook 17's predictor."""
 
 import itertools
 

@@ -1,4 +1,4 @@
-"""Checker of notebook 14: the online-softmax merge of two partial attention results."""
+"""Checker of notebook 15: the online-softmax merge of two partial attention results."""
 
 import torch
 

@@ -1,4 +1,4 @@
-"""Checker of notebook 15: the checkpoint interval that wastes the least time."""
+"""Checker of notebook 16: the checkpoint interval that wastes the least time."""
 
 import math
 
@@ -38,7 +38,7 @@ def check_checkpoint_interval(checkpoint_interval, rng):
 
     For several checkpoint costs C and mean times between failures M (seconds), the
     expected fraction of time the answer wastes (failures at random, `expected_waste`, which
-    notebook 15 checks against a simulation) is compared with the least waste of any
+    notebook 16 checks against a simulation) is compared with the least waste of any
     interval, found on a fine grid.
     """
     cases = [(rng.uniform(10, 120), rng.uniform(2, 24) * 3600) for _ in range(3)]

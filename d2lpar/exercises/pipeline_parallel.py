@@ -1,4 +1,4 @@
-"""Checker of notebook 13: which stages each rank holds under interleaved and V-shaped schedules."""
+"""Checker of notebook 14: which stages each rank holds under interleaved and V-shaped schedules."""
 
 from ._verdict import _call, _checker, _Fail
 

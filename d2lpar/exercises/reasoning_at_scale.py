@@ -1,4 +1,4 @@
-"""Checker of notebook 16: the largest local batch whose predicted peak memory fits a limit."""
+"""Checker of notebook 17: the largest local batch whose predicted peak memory fits a limit."""
 
 from ..scale import LLAMA3, predict
 from ._verdict import _Fail, _call, _checker

@@ -29,11 +29,12 @@ CHECKS = {
     exercises.check_slurm_ranks: ('06_ddp_launching', 'slurm_ranks'),
     exercises.check_accumulation: ('07_ddp_practice', 'accumulate_uneven'),
     exercises.check_row_parallel_linear: ('12_tensor_parallel', 'row_parallel_linear'),
-    exercises.check_interleaved_stages: ('13_pipeline_parallel', 'interleaved_stages'),
-    exercises.check_online_softmax_merge: ('14_context_expert', 'merge_partial'),
-    exercises.check_largest_batch: ('16_reasoning_at_scale', 'largest_batch'),
-    exercises.check_choose_layout: ('17_capstone', 'choose_layout'),
-    exercises.check_checkpoint_interval: ('15_fault_tolerance', 'checkpoint_interval'),
+    exercises.check_mfu: ('13_tensor_parallel_dtensor', 'mfu'),
+    exercises.check_interleaved_stages: ('14_pipeline_parallel', 'interleaved_stages'),
+    exercises.check_online_softmax_merge: ('15_context_expert', 'merge_partial'),
+    exercises.check_largest_batch: ('17_reasoning_at_scale', 'largest_batch'),
+    exercises.check_choose_layout: ('18_capstone', 'choose_layout'),
+    exercises.check_checkpoint_interval: ('16_fault_tolerance', 'checkpoint_interval'),
 }
 
 

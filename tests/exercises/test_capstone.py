@@ -1,4 +1,4 @@
-"""Notebook 17's checker, check_choose_layout: wrong answers get their hint on every seed."""
+"""Notebook 18's checker, check_choose_layout: wrong answers get their hint on every seed."""
 
 import pytest
 

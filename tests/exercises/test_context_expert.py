@@ -1,4 +1,4 @@
-"""Notebook 14's checker, check_online_softmax_merge: wrong answers get their hint; the reference agrees
+"""Notebook 15's checker, check_online_softmax_merge: wrong answers get their hint; the reference agrees
 with d2lpar's ring-attention merge."""
 
 import pytest
@@ -60,7 +60,7 @@ def test_merge_reference_agrees_with_torch_on_the_ring_attention_merge():
     from d2lpar.context_parallel import attend_block, merge_attention
     from d2lpar.exercises.context_expert import partial
 
-    fn = solution('14_context_expert', 'merge_partial')
+    fn = solution('15_context_expert', 'merge_partial')
     torch.manual_seed(0)
     Q, K, V = (
         torch.randn(4, 3, dtype=torch.float64),

@@ -1,4 +1,4 @@
-"""Notebook 15's checker, check_checkpoint_interval: wrong intervals fail with a hint."""
+"""Notebook 16's checker, check_checkpoint_interval: wrong intervals fail with a hint."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Notebook 13's checker, check_interleaved_stages: wrong answers get their hint."""
+"""Notebook 14's checker, check_interleaved_stages: wrong answers get their hint."""
 
 import pytest
 
@@ -40,6 +40,6 @@ def test_interleaved_stages_wrong_answers_get_their_hint(wrong, hint):
 
 
 def test_interleaved_stages_reference_matches_what_the_schedules_accept():
-    """The reference's placements are the ones torch's schedules ran in notebook 13's script."""
-    fn = solution('13_pipeline_parallel', 'interleaved_stages')
+    """The reference's placements are the ones torch's schedules ran in notebook 14's script."""
+    fn = solution('14_pipeline_parallel', 'interleaved_stages')
     assert [fn(r, 2, 2, 'loop') for r in range(2)] == [[0, 2], [1, 3]]  # the script's r, r + p

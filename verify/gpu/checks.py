@@ -238,7 +238,7 @@ def _check_miniddp(records, log, nproc, variants=6):
 
 
 def _check_context_parallel(records, log, nproc):
-    """Notebook 14's fact: context_parallel on CUDA = full attention (not "not supported")."""
+    """Notebook 15's fact: context_parallel on CUDA = full attention (not "not supported")."""
     for rank, r in _ranks(records, nproc, 'supported').items():
         _expect(r['supported'], f'rank {rank}: context_parallel not supported: {r.get("message")}')
         _expect(r['device'] == f'cuda:{rank}', f'rank {rank} ran on {r["device"]}')
@@ -263,7 +263,7 @@ def _check_pytest_ran(records, log):
 
 
 def _check_scale_fit(records, log, nproc):
-    """Notebook 16's prediction: the bytes of live tensors at the step's peak, within 5% + 64 MiB.
+    """Notebook 17's prediction: the bytes of live tensors at the step's peak, within 5% + 64 MiB.
 
     The fake run equals CPU processes to the byte and the predictor is within 0.1% of it; on a
     GPU the allocator rounds each block up to 512 bytes and cuBLAS keeps workspaces (tens of MiB).

@@ -125,15 +125,17 @@ def rows(scratch):
         Row('nccl flight recorder: a skipped collective, dumped and read by fr_trace', 2,
             argv=_command(SCRIPTS / 'nccl_flight_recorder.py', '--dump-dir', scratch / 'fr'),
             check=_check_flight_recorder),
-        # The scripts notebooks 10-13 write, with the notebook's own arguments at full size.
+        # The scripts notebooks 10-14 write, with the notebook's own arguments at full size.
         _script_row('ZeRO by hand', '10_zero', 'measure_zero.py', 2, scratch, '--width 256 --layers 6'),
         _script_row('FSDP2, checkpoint', '11_fsdp2', 'fsdp_save.py', 2, scratch,
                     f'{FSDP_PARTS} meta_init hsdp prefetch --folder {{work}}/checkpoint'),
-        _script_row('Megatron, sequence parallel', '12_tensor_parallel', 'tp_block.py', 2, scratch, '--steps 20'),
-        _script_row('DTensor plans, loss_parallel', '12_tensor_parallel', 'tp_dtensor.py', 2, scratch),
-        _script_row('five schedules', '13_pipeline_parallel', 'pp_schedules.py', 2, scratch,
+        _script_row('Megatron, overlap, sequence parallel', '12_tensor_parallel', 'tp_sp.py', 2, scratch),
+        _script_row('DTensor plans, loss_parallel', '13_tensor_parallel_dtensor', 'tp_loss.py', 2, scratch),
+        _script_row('bytes and MFU per strategy', '13_tensor_parallel_dtensor', 'tp_mfu.py', 2, scratch,
+                    '--steps 20'),
+        _script_row('five schedules', '14_pipeline_parallel', 'pp_schedules.py', 2, scratch,
                     '--microbatches 8 --ms 20 --batch 32'),
-        _script_row('pp x FSDP2 x tp', '13_pipeline_parallel', 'parallel_3d.py', 8, scratch, '--steps 10'),
+        _script_row('pp x FSDP2 x tp', '14_pipeline_parallel', 'parallel_3d.py', 8, scratch, '--steps 10'),
         Row('pytest: the tests that need two GPUs', 2,
             argv=_command('-m pytest -q -p no:xdist -rs', *two_gpu_tests, "-k 'on_gpus or two_gpus'"),
             check=_check_pytest_ran),
@@ -147,12 +149,12 @@ def rows(scratch):
 
 
 def quick_rows(scratch):
-    """The rows of --quick: what one GPU can prove, each row's seconds ESTIMATED (not measured).
+    """The rows of --quick: what one GPU can prove, with each row's seconds.
 
-    The estimates are for one H100 with 16 CPU cores, from the CPU timings of the same work
-    (the test suite's per-notebook seconds, a torchrun start of about 10 s, inductor's
-    compile of a few kernels); they sum to 479 s, under 8 minutes. `--budget` (default 480 s with
-    --quick) bounds the whole run: rows not started by then are reported NOT RUN.
+    Seconds as measured on one H200 with 16 CPU cores (2026-11-28, torch 2.11, README) where
+    the row ran to its end there; the rest (fsdp_save stopped early, the tensor-parallel
+    scripts changed since) are estimates from the CPU timings of the same work. `--budget`
+    (default 480 s with --quick) bounds the whole run: rows not started by then are NOT RUN.
     """
     one = functools.partial(Row, needs=1, quick=True, timeout=240)
     table = [
@@ -164,29 +166,31 @@ def quick_rows(scratch):
     script_row = functools.partial(_script_row, quick=True, timeout=240)
     scale_fit = ROOT / 'verify/scale_fit_cuda.py'
     table += [
-        one('quick: nccl ddp, torchrun, 1 rank, against one process', estimate=15,
+        one('quick: nccl ddp, torchrun, 1 rank, against one process', estimate=12,
             argv=_torchrun(1, 'ddp_torchrun.py', '--backend nccl --epochs 4'),
             check=functools.partial(_check_ddp, nproc=1, epochs=4)),
-        one('quick: nccl SyncBatchNorm (ddp_anatomy), 1 rank', estimate=15,
+        one('quick: nccl SyncBatchNorm (ddp_anatomy), 1 rank', estimate=13,
             argv=_torchrun(1, 'ddp_anatomy.py', '--backend nccl'),
             check=functools.partial(_check_anatomy, nproc=1)),
-        one('quick: nccl fp16, GradScaler, hooks, profiler on CUDA, inductor on CUDA, 1 rank', estimate=90, timeout=300,
+        one('quick: nccl fp16, GradScaler, hooks, profiler on CUDA, inductor on CUDA, 1 rank', estimate=20, timeout=300,
             argv=_torchrun(1, 'ddp_practice.py', '--backend nccl --parts all --trace-dir', scratch / 'trace-1',
                            '--compile-backend inductor'),
             check=functools.partial(_check_practice, nproc=1)),
-        one('quick: nccl mini-DDP (hooks, buckets, overlap), 1 rank', estimate=20, env={'PYTHONPATH': str(ROOT)},
+        one('quick: nccl mini-DDP (hooks, buckets, overlap), 1 rank', estimate=14, env={'PYTHONPATH': str(ROOT)},
             argv=_torchrun(1, 'collectives_miniddp.py', miniddp),
             check=functools.partial(_check_miniddp, nproc=1)),
-        one('quick: nccl context_parallel on CUDA attention, 1 rank', estimate=15,
+        one('quick: nccl context_parallel on CUDA attention, 1 rank', estimate=13,
             argv=_torchrun(1, 'context_parallel_torch.py'),
             check=functools.partial(_check_context_parallel, nproc=1)),
-        script_row('ZeRO by hand', '10_zero', 'measure_zero.py', 1, scratch, '--width 256 --layers 6', estimate=40),
+        script_row('ZeRO by hand', '10_zero', 'measure_zero.py', 1, scratch, '--width 256 --layers 6', estimate=25),
         script_row('FSDP2, CPU offload, checkpoint', '11_fsdp2', 'fsdp_save.py', 1, scratch,
                    f'{FSDP_PARTS} --folder {{work}}/checkpoint', estimate=60, timeout=300),
-        script_row('Megatron by hand', '12_tensor_parallel', 'tp_block.py', 1, scratch, '--steps 5', estimate=30),
-        script_row('DTensor plans, loss_parallel', '12_tensor_parallel', 'tp_dtensor.py', 1, scratch, estimate=30),
-        # Notebook 16's memory prediction against torch.cuda.max_memory_allocated.
-        one('quick: scale.predict against max_memory_allocated, FSDP2 step of a small Llama, 1 rank', estimate=14,
+        script_row('Megatron, overlap, sequence parallel by hand', '12_tensor_parallel', 'tp_sp.py', 1, scratch,
+                   estimate=30),
+        script_row('DTensor plans, loss_parallel', '13_tensor_parallel_dtensor', 'tp_loss.py', 1, scratch,
+                   estimate=30),
+        # Notebook 17's memory prediction against torch.cuda.max_memory_allocated.
+        one('quick: scale.predict against max_memory_allocated, FSDP2 step of a small Llama, 1 rank', estimate=19,
             env={'PYTHONPATH': str(ROOT)},
             argv=_command('-m torch.distributed.run --standalone --nproc-per-node=1', scale_fit),
             check=functools.partial(_check_scale_fit, nproc=1)),

@@ -1,10 +1,10 @@
-"""What the scripts notebooks 10-13 write (%%writefile) must hand back, by script name."""
+"""What the scripts notebooks 10-14 write (%%writefile) must hand back, by script name."""
 
 from .checks import _expect
 
 
 def _check_tp_block(results, args):
-    """Notebook 12's facts after tp_block.py: equal to one process, four all-reduces."""
+    """Notebook 12's facts after tp_sp.py: equal to one process, four all-reduces."""
     for rank, r in results.items():
         for name in ('megatron', 'sp'):
             worst = max(r[name]['out'], r[name]['x_grad'], r[name]['grads'])
@@ -21,7 +21,7 @@ def _check_tp_block(results, args):
 
 
 def _check_tp_dtensor(results, args):
-    """Notebook 12's facts after tp_dtensor.py: DTensor plans = Megatron by hand = one process."""
+    """Notebook 13's facts after tp_loss.py: DTensor plans = Megatron by hand = one process."""
     for rank, r in results.items():
         lp = r['loss_parallel']
         diffs = [r['tp']['diff'], r['sp']['diff'], lp['grads'], abs(lp['loss'] - lp['want'])]
@@ -38,8 +38,22 @@ def _check_tp_dtensor(results, args):
         )
 
 
+def _check_tp_costs(results, args):
+    """Notebook 13's facts after tp_mfu.py: each strategy's collectives = block_bytes, MFU below 1."""
+    from d2lpar.tensor_parallel import block_bytes
+
+    r = results[0]
+    want = block_bytes(r['params'], r['B'] * r['T'], r['D'], len(results), replicated=r['replicated'])
+    for name, formula in want.items():
+        sent = [sum(b for _, b in results[rank]['bytes'][name].values()) for rank in results]
+        _expect(max(sent) == round(formula), f'{name}: ranks sent {sent} bytes, block_bytes says {formula:.0f}')
+        flop = r['B'] * r['T'] * (6 * r['params'] + 12 * r['T'] * r['D']) * (2 if name == 'PP' else 1)
+        mfu = flop / r['seconds'][name] / sum(results[rank]['peak'] for rank in results)
+        _expect(0 < mfu < 1, f'{name}: MFU {mfu:.2f} against the measured peak')
+
+
 def _one_process_pp(batch):
-    """Notebook 13's reference: its network and batch trained unsplit; (loss, flat gradients)."""
+    """Notebook 14's reference: its network and batch trained unsplit; (loss, flat gradients)."""
     import torch
     from torch import nn
 
@@ -56,7 +70,7 @@ def _one_process_pp(batch):
 
 
 def _check_pp_schedules(results, args):
-    """Notebook 13's facts after pp_schedules.py: every schedule = one process, in-flight peaks."""
+    """Notebook 14's facts after pp_schedules.py: every schedule = one process, in-flight peaks."""
     p = len(results)
     batch = int(args[args.index('--batch') + 1]) if '--batch' in args else 32
     want_loss, want = _one_process_pp(batch)
@@ -82,7 +96,7 @@ def _check_pp_schedules(results, args):
 
 
 def _check_parallel_3d(results, args):
-    """Notebook 13's facts after parallel_3d.py: 3D = one process within rounding."""
+    """Notebook 14's facts after parallel_3d.py: 3D = one process within rounding."""
     r = results[0]
     sizes = r['sizes']
     tolerance = sizes['LR'] * r['steps'] * sizes['B'] * sizes['T'] * sizes['H'] * 2.0**-23
@@ -141,8 +155,9 @@ def _check_fsdp_save(results, args):
 CHECKS = {
     'measure_zero.py': _check_measure_zero,
     'fsdp_save.py': _check_fsdp_save,
-    'tp_block.py': _check_tp_block,
-    'tp_dtensor.py': _check_tp_dtensor,
+    'tp_sp.py': _check_tp_block,
+    'tp_loss.py': _check_tp_dtensor,
+    'tp_mfu.py': _check_tp_costs,
     'pp_schedules.py': _check_pp_schedules,
     'parallel_3d.py': _check_parallel_3d,
 }

@@ -21,7 +21,8 @@ def prepare_script(notebook, script, tmpdir):
 
     Runs the notebook's first code cell (which makes `work` with tempfile.mkdtemp and calls
     save_cells), its `#@save` cells and the cell that writes `{work}/SCRIPT`, in that order: a
-    `%%writefile {work}/SCRIPT` cell, or `d2lpar.write_next(work / 'OLD', work / 'SCRIPT', diff)`
+    `%%writefile {work}/SCRIPT` cell (with the `%%writefile -a {work}/SCRIPT` cells that add the
+    script's later parts), or `d2lpar.write_next(work / 'OLD', work / 'SCRIPT', diff)`
     together with every earlier cell that writes a script (the versions it grows from).
     """
     import nbformat
@@ -45,10 +46,13 @@ def prepare_script(notebook, script, tmpdir):
             f'{header.strip()!r} or writing it with d2lpar.write_next; check the '
             'script name'
         )
+    # A script written in parts: `%%writefile -a {work}/SCRIPT` cells add to it; the last one ends it.
+    parts = [i for i, c in enumerate(code) if i > target and c.source.startswith(f'%%writefile -a {{work}}/{script}\n')]
+    last = parts[-1] if parts else target
     nb.cells = [
         c
-        for i, c in enumerate(code[: target + 1])
-        if i in (0, target)
+        for i, c in enumerate(code[: last + 1])
+        if i in (0, target, *parts)
         or c.source.lstrip().startswith('#@save')
         or (code[target].source.startswith(grown) and c.source.startswith(('%%writefile', grown)))
     ]

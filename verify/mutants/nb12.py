@@ -1,10 +1,11 @@
-"""Planted bugs of notebook 12 (tensor and sequence parallelism) and the checks that catch them."""
+"""Planted bugs of notebook 12 (tensor and sequence parallelism by hand) and the checks that catch them."""
 
 from verify.mutants.registry import Mutant
 
 NB = '12_tensor_parallel'
 TARGET = 'notebooks/12_tensor_parallel.ipynb'
-EQUAL = "assert max(r[name]['out'], r[name]['x_grad'], r[name]['grads']) < 1e-5"
+EQUAL = "assert worst < 1e-5 and calls == {'all_reduce': 4}, (rank, r['megatron'])"
+SP_EQUAL = "assert worst < 1e-5 and calls == {'all_gather': 4, 'reduce_scatter': 4, 'all_reduce': 6}, r['sp']"
 
 MUTANTS = [
     Mutant(
@@ -53,7 +54,7 @@ MUTANTS = [
         target=TARGET,
         old='              block.attention.out.bias, block.mlp.fc2.bias):\n        dist.all_reduce(p.grad)',
         new='              block.attention.out.bias, block.mlp.fc2.bias):\n        pass',
-        catch=EQUAL,
+        catch=SP_EQUAL,
     ),
     Mutant(
         name='sp-gather-backward-keeps-own-block',
@@ -62,7 +63,7 @@ MUTANTS = [
         target=TARGET,
         old='    def backward(ctx, grad):\n        return reduce_scatter_tokens(grad)',
         new='    def backward(ctx, grad):\n        return grad.chunk(dist.get_world_size(), dim=1)[dist.get_rank()]',
-        catch=EQUAL,
+        catch=SP_EQUAL,
     ),
     Mutant(
         name='overlap-allreduce-blocking',
@@ -97,39 +98,39 @@ MUTANTS = [
         catch="assert all(report[rank]['saved'] == by_hand for rank in report)",
     ),
     Mutant(
-        name='loss-parallel-off-logits-gathered',
+        name='mlp-bias-blocks-swapped',
         notebook=NB,
-        claim='loss_parallel never gathers the logits',
+        claim="the column-parallel blocks side by side are the unsplit layer's output",
         target=TARGET,
-        old='with loss_parallel():\n    with CommDebugMode() as comm:',
-        new='with torch.enable_grad():\n    with CommDebugMode() as comm:',
-        catch="assert set(dt[0]['loss_parallel']['collectives']) == {'all_reduce'}",
+        old='zip(W1.chunk(n, dim=0), b1.chunk(n))]',
+        new='zip(W1.chunk(n, dim=0), b1.chunk(n)[::-1])]',
+        catch='torch.testing.assert_close(torch.cat(hidden, dim=1), torch.relu(mlp[0](X)))',
     ),
     Mutant(
-        name='block-bytes-tp-three-allreduces',
+        name='overlap-sync-never-waits',
         notebook=NB,
-        claim='bytes counted per strategy = block_bytes',
+        claim='the synchronous backward waits for the sum before the matmul',
         target=TARGET,
-        old="'TP': 4 * 2 * ring * activation",
-        new="'TP': 3 * 2 * ring * activation",
-        catch='assert max(sent) == round(want), (nproc, name, sent, want)',
+        old='        if not ctx.overlap:\n            work.wait()  # the synchronous version',
+        new='        if False:\n            work.wait()  # the synchronous version',
+        catch="assert all(not ev['in_flight'] and ev['arrived'] <= ev['computing'] for ev in sync)",
     ),
     Mutant(
-        name='wire-bytes-counted-in-floats',
+        name='sp-bytes-gather-counted-twice',
         notebook=NB,
-        claim='gloo writes at least the bytes of the ring formula',
+        claim='sequence parallelism sends the same ring bytes as the all-reduces',
         target=TARGET,
-        old="report['wrote'][name] = None if before is None else written() - before",
-        new="report['wrote'][name] = None if before is None else (written() - before) // 4",
-        catch='assert wrote == 0 or wrote >= want, (nproc, name, wrote, want)',
+        old="'all_gather': lambda n: n - 1,  # its input block goes to the n - 1 others",
+        new="'all_gather': lambda n: 2 * (n - 1),  # its input block goes to the n - 1 others",
+        catch="assert sent(r['sp']['calls'], ('all_gather', 'reduce_scatter')) == sent(r['megatron']['calls'], ('all_reduce',))",
     ),
     Mutant(
-        name='tp-stall-with-a-peak-of-no-gpu',
+        name='sp-partial-read-after-the-sum',
         notebook=NB,
-        claim='TP stalls about a tenth of the compute on NVLink (H100)',
+        claim="a norm's gradient before sum_replicated_grads is far from the true one",
         target=TARGET,
-        old='peak = 989e12  # H100 SXM, dense bf16',
-        new='peak = 400e12  # H100 SXM, dense bf16',
-        catch="assert 0.05 * compute < tp_stall['NVLink'] < 0.15 * compute",
+        old='+    partial = sp.norm1.weight.grad.clone()\n+    tp.sum_replicated_grads(sp)\n',
+        new='+    tp.sum_replicated_grads(sp)\n+    partial = sp.norm1.weight.grad.clone()\n',
+        catch="assert r['sp']['partial'] > 0.1  # before sum_replicated_grads",
     ),
 ]

@@ -1,4 +1,4 @@
-"""Argument checks for the code notebook 13 teaches (d2lpar/lessons/nb13_pipeline_parallel.py).
+"""Argument checks for the code notebook 14 teaches (d2lpar/lessons/nb14_pipeline_parallel.py).
 
 Each check takes the same arguments as the function it guards and raises a TypeError or
 ValueError naming the function and what to do; CHECKS maps the definition's name to it, and

@@ -1,4 +1,4 @@
-"""Argument checks for the predictor notebook 16 teaches (d2lpar/lessons/nb16_reasoning_at_scale.py).
+"""Argument checks for the predictor notebook 17 teaches (d2lpar/lessons/nb17_reasoning_at_scale.py).
 
 Each check takes the same arguments as the function it guards and raises a ValueError naming the
 function and what to do; `make lib` writes `@checked(CHECKS[name])` above that definition.

@@ -1,4 +1,4 @@
-"""Argument checks for the code notebook 14 teaches (d2lpar/lessons/nb14_context_expert.py).
+"""Argument checks for the code notebook 15 teaches (d2lpar/lessons/nb15_context_expert.py).
 
 Each check takes the same arguments as the function it guards and raises a TypeError or
 ValueError naming the function and what to do; CHECKS maps the definition's name to it, and
@@ -97,7 +97,7 @@ def _check_expert_capacity(num_tokens, k, num_experts, capacity_factor):
 
 
 def _check_expert_parallel(self, moe):
-    from d2lpar.lessons.nb14_context_expert import MoE  # the lesson imports this module
+    from d2lpar.lessons.nb15_context_expert import MoE  # the lesson imports this module
 
     n = process_group_size('ExpertParallelMoE')
     if not isinstance(moe, MoE):

@@ -1,9 +1,9 @@
-"""Planted bugs of notebook 14 (context and expert parallelism), each tied to its check."""
+"""Planted bugs of notebook 15 (context and expert parallelism), each tied to its check."""
 
 from verify.mutants.registry import Mutant
 
-NB = '14_context_expert'
-TARGET = 'notebooks/14_context_expert.ipynb'
+NB = '15_context_expert'
+TARGET = 'notebooks/15_context_expert.ipynb'
 RING = "run = d2lpar.launch(work / 'ring_attention.py'"  # every rank checks against one process
 EXPERTS = "run = d2lpar.launch(work / 'expert_parallel.py'"  # the same, for all-to-all and the MoE
 SCRIPT = 'notebooks/scripts/context_parallel_torch.py'

@@ -1,9 +1,9 @@
-"""Planted bugs of notebook 13 (pipeline schedules, 3D) and the checks that catch them."""
+"""Planted bugs of notebook 14 (pipeline schedules, 3D) and the checks that catch them."""
 
 from verify.mutants.registry import Mutant
 
-NB = '13_pipeline_parallel'
-TARGET = 'notebooks/13_pipeline_parallel.ipynb'
+NB = '14_pipeline_parallel'
+TARGET = 'notebooks/14_pipeline_parallel.ipynb'
 
 MUTANTS = [
     Mutant(

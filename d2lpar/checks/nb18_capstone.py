@@ -1,4 +1,4 @@
-"""Argument checks for the code notebook 17 teaches (d2lpar/lessons/nb17_capstone.py).
+"""Argument checks for the code notebook 18 teaches (d2lpar/lessons/nb18_capstone.py).
 
 Each check takes the same arguments as the function it guards and raises a TypeError or
 ValueError naming the function and what to do; CHECKS maps the definition's name to it, and
@@ -11,7 +11,7 @@ from d2lpar.checks import positive_int, process_group_size
 
 
 def _check_degrees(caller, layout):
-    from d2lpar.lessons.nb17_capstone import DIMS  # the lesson imports this module
+    from d2lpar.lessons.nb18_capstone import DIMS  # the lesson imports this module
 
     if not isinstance(layout, dict):
         raise TypeError(

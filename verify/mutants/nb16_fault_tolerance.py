@@ -1,13 +1,13 @@
-"""Planted bugs for notebook 15 (fault tolerance), each with the check that must catch it."""
+"""Planted bugs for notebook 16 (fault tolerance), each with the check that must catch it."""
 
 from verify.mutants.registry import Mutant
 
-NB = '15_fault_tolerance'
-TARGET = 'notebooks/15_fault_tolerance.ipynb'
+NB = '16_fault_tolerance'
+TARGET = 'notebooks/16_fault_tolerance.ipynb'
 
 MUTANTS = [
     Mutant(
-        name='nb15-behind-blames-everyone',
+        name='nb16-behind-blames-everyone',
         notebook=NB,
         claim='the stuck rank is the one whose count is behind',
         target=TARGET,
@@ -17,7 +17,7 @@ MUTANTS = [
         quick=True,
     ),
     Mutant(
-        name='nb15-young-without-2',
+        name='nb16-young-without-2',
         notebook=NB,
         claim="Young's rule minimises the waste",
         target=TARGET,
@@ -26,7 +26,7 @@ MUTANTS = [
         catch='for s, e in zip(simulated, exact):',
     ),
     Mutant(
-        name='nb15-waste-forgets-restart',
+        name='nb16-waste-forgets-restart',
         notebook=NB,
         claim='the expected waste agrees with the simulation',
         target=TARGET,
@@ -35,7 +35,7 @@ MUTANTS = [
         catch='for s, e in zip(simulated, exact):',
     ),
     Mutant(
-        name='nb15-timeout-not-changed',
+        name='nb16-timeout-not-changed',
         notebook=NB,
         claim='the timeout can be changed at run time',
         target=TARGET,
@@ -44,7 +44,7 @@ MUTANTS = [
         catch="hung = run_dying('--failure', 'hang'",
     ),
     Mutant(
-        name='nb15-replica-never-killed',
+        name='nb16-replica-never-killed',
         notebook=NB,
         claim='a replica is really killed mid-step and the survivor sees it',
         target=TARGET,
@@ -53,7 +53,7 @@ MUTANTS = [
         catch="survivor, spare = logs[0, 0], logs[1, 1]",
     ),
     Mutant(
-        name='nb15-heal-without-optimizer',
+        name='nb16-heal-without-optimizer',
         notebook=NB,
         claim='a healed replica holds exactly the peers\' weights and momentum',
         target=TARGET,
@@ -62,7 +62,7 @@ MUTANTS = [
         catch='committed = {}  # step',
     ),
     Mutant(
-        name='nb15-replay-wrong-scale',
+        name='nb16-replay-wrong-scale',
         notebook=NB,
         claim='the run equals one process with the same quorum sizes, bit for bit',
         target=TARGET,
@@ -71,7 +71,7 @@ MUTANTS = [
         catch='committed = {}  # step',
     ),
     Mutant(
-        name='nb15-checker-accepts-sqrt-cm',
+        name='nb16-checker-accepts-sqrt-cm',
         notebook=NB,
         claim='the exercise checker rejects sqrt(C*M)',
         target='d2lpar/exercises/fault_tolerance.py',
@@ -82,7 +82,7 @@ MUTANTS = [
         quick=True,
     ),
     Mutant(
-        name='nb15-diloco-syncs-every-step',
+        name='nb16-diloco-syncs-every-step',
         notebook=NB,
         claim='DiLoCo sends H times fewer bytes than data parallelism (counted)',
         target=TARGET,
@@ -91,7 +91,7 @@ MUTANTS = [
         catch="ddp, diloco = runs['ddp slow'], runs['diloco slow']",
     ),
     Mutant(
-        name='nb15-outer-step-forgets-start',
+        name='nb16-outer-step-forgets-start',
         notebook=NB,
         claim='with H=1 and outer SGD lr=1, DiLoCo is data parallelism up to rounding',
         target=TARGET,
@@ -100,10 +100,10 @@ MUTANTS = [
         catch="ddp, diloco = runs['ddp slow'], runs['diloco slow']",
     ),
     Mutant(
-        name='nb15-outer-step-forgets-start-lib',
+        name='nb16-outer-step-forgets-start-lib',
         notebook=NB,
         claim='the outer step is Nesterov SGD from the start on the outer gradient',
-        target='d2lpar/lessons/nb15_fault_tolerance.py',
+        target='d2lpar/lessons/nb16_fault_tolerance.py',
         old='p.copy_(p0)  # back to the shared start',
         new='pass  # back to the shared start',
         catch='tests/test_fault_tolerance.py::test_outer_step_is_nesterov_sgd_on_the_outer_gradient',
@@ -111,7 +111,7 @@ MUTANTS = [
         quick=True,
     ),
     Mutant(
-        name='nb15-link-not-slowed',
+        name='nb16-link-not-slowed',
         notebook=NB,
         claim='every message over the slow link waits the delay',
         target=TARGET,
@@ -120,7 +120,7 @@ MUTANTS = [
         catch="ddp, diloco = runs['ddp slow'], runs['diloco slow']",
     ),
     Mutant(
-        name='nb15-outer-lr-too-small',
+        name='nb16-outer-lr-too-small',
         notebook=NB,
         claim="DiLoCo's loss after S steps is below data parallelism's after S/2",
         target=TARGET,

@@ -1,9 +1,9 @@
-"""Planted bugs of notebook 17 (the capstone) and the checks that catch them."""
+"""Planted bugs of notebook 18 (the capstone) and the checks that catch them."""
 
 from verify.mutants.registry import Mutant
 
-NB = '17_capstone'
-TARGET = 'notebooks/17_capstone.ipynb'
+NB = '18_capstone'
+TARGET = 'notebooks/18_capstone.ipynb'
 PARITY = 'assert loss_gap[name] <= tol_loss and param_gap[name] <= tol_param, name'
 
 MUTANTS = [
@@ -48,7 +48,7 @@ MUTANTS = [
         name='cp-ring-turns-the-wrong-way',
         notebook=NB,
         claim='every correct layout = one process (ring attention at cp = 4)',
-        target='d2lpar/lessons/nb14_context_expert.py',
+        target='d2lpar/lessons/nb15_context_expert.py',
         old='        src = (rank - step) % n  # whose keys and values we hold now',
         new='        src = (rank + step) % n  # whose keys and values we hold now',
         catch=PARITY,
@@ -76,7 +76,7 @@ MUTANTS = [
         notebook=NB,
         quick=True,
         claim="StepCost counts every collective, DTensor's lazy all-reduces too (= CommDebugMode)",
-        target='d2lpar/lessons/nb17_capstone.py',  # generated from the notebook (make lib)
+        target='d2lpar/lessons/nb18_capstone.py',  # generated from the notebook (make lib)
         old="'allreduce_': lambda n: 2 * (n - 1) / n, 'all_reduce': lambda n: 2 * (n - 1) / n,",
         new="'allreduce_': lambda n: 2 * (n - 1) / n,",
         run='tests/test_capstone.py::test_each_planted_bug_is_caught_and_each_correct_layout_is_not',

@@ -1,16 +1,16 @@
-"""Planted bugs for notebook 16 (reasoning at scale), each tied to the check that must catch it."""
+"""Planted bugs for notebook 17 (reasoning at scale), each tied to the check that must catch it."""
 
 from verify.mutants.registry import Mutant
 
-NB = '16_reasoning_at_scale'
+NB = '17_reasoning_at_scale'
 SCALE = 'd2lpar/scale.py'
-NOTEBOOK = 'notebooks/16_reasoning_at_scale.ipynb'
-LESSON = 'd2lpar/lessons/nb16_reasoning_at_scale.py'  # generated from the notebook (make lib)
+NOTEBOOK = 'notebooks/17_reasoning_at_scale.ipynb'
+LESSON = 'd2lpar/lessons/nb17_reasoning_at_scale.py'  # generated from the notebook (make lib)
 PREDICT_VS_FAKE = 'peak off by {error:+.1e}'
 
 MUTANTS = [
     Mutant(
-        name='nb16-adam-one-moment',
+        name='nb17-adam-one-moment',
         notebook=NB,
         claim='predicted memory equals the fake run',
         target=NOTEBOOK,
@@ -20,7 +20,7 @@ MUTANTS = [
         quick=True,
     ),
     Mutant(
-        name='nb16-blocks-gathered-once',
+        name='nb17-blocks-gathered-once',
         notebook=NB,
         claim='predicted bytes equal the fake run',
         target=NOTEBOOK,
@@ -29,7 +29,7 @@ MUTANTS = [
         catch=PREDICT_VS_FAKE,
     ),
     Mutant(
-        name='nb16-no-flash-recompute',
+        name='nb17-no-flash-recompute',
         notebook=NB,
         claim='hardware FLOPs equal the FLOP counter',
         target=NOTEBOOK,
@@ -38,7 +38,7 @@ MUTANTS = [
         catch=PREDICT_VS_FAKE,
     ),
     Mutant(
-        name='nb16-measure-first-step',
+        name='nb17-measure-first-step',
         notebook=NB,
         claim='the fake run measures a step with optimizer state',
         target=SCALE,
@@ -47,7 +47,7 @@ MUTANTS = [
         catch=PREDICT_VS_FAKE,
     ),
     Mutant(
-        name='nb16-sp-activations-not-split',
+        name='nb17-sp-activations-not-split',
         notebook=NB,
         claim='a sequence-parallel block keeps 1/tp of its input',
         target=NOTEBOOK,
@@ -56,16 +56,16 @@ MUTANTS = [
         catch="assert block70['flops'] == grow('hardware_flops') and abs(block70['peak act']",
     ),
     Mutant(
-        name='nb16-embedding-in-model-flops',
+        name='nb17-embedding-in-model-flops',
         notebook=NB,
         claim="MFU from the table reproduces torchtitan's 33% to 39%",
-        target='notebooks/16_reasoning_at_scale.ipynb',
+        target='notebooks/17_reasoning_at_scale.ipynb',
         old="mfu = {name: check_mfu(per_token * tps / H100['peak'])",
         new="mfu = {name: check_mfu((per_token + 6 * cfg8['vocab'] * cfg8['dim']) * tps / H100['peak'])",
         catch="round(100 * mfu['eager']) == 34",
     ),
     Mutant(
-        name='nb16-check-mfu-no-mamf',
+        name='nb17-check-mfu-no-mamf',
         notebook=NB,
         claim='an MFU above MAMF is refused',
         target=LESSON,
@@ -75,7 +75,7 @@ MUTANTS = [
         run='tests/test_scale.py::test_check_mfu_refuses_the_impossible',
     ),
     Mutant(
-        name='nb16-communication-free',
+        name='nb17-communication-free',
         notebook=NB,
         claim='the 128-GPU throughput lies between hidden and exposed communication',
         target=NOTEBOOK,
@@ -84,7 +84,7 @@ MUTANTS = [
         catch="assert exposed <= published[128]['tps'] <= hidden",
     ),
     Mutant(
-        name='nb16-bubble-ignores-interleaving',
+        name='nb17-bubble-ignores-interleaving',
         notebook=NB,
         claim='interleaving shrinks the bubble as published',
         target=NOTEBOOK,
@@ -94,25 +94,25 @@ MUTANTS = [
         quick=True,
     ),
     Mutant(
-        name='nb16-world-wrong-shard',
+        name='nb17-world-wrong-shard',
         notebook=NB,
         claim='one process equals four real processes',
-        target='notebooks/16_reasoning_at_scale.ipynb',
+        target='notebooks/17_reasoning_at_scale.ipynb',
         old='lambda t: t.chunk(n)[rank])',
         new='lambda t: t.chunk(n)[(rank + 1) % n])',
         catch="assert [real[r]['loss'] for r in range(n)] == local['losses']",
     ),
     Mutant(
-        name='nb16-world-no-average',
+        name='nb17-world-no-average',
         notebook=NB,
         claim='one process equals four real processes (gradients)',
-        target='notebooks/16_reasoning_at_scale.ipynb',
+        target='notebooks/17_reasoning_at_scale.ipynb',
         old="    loss, own, grads = data_parallel_step(X, y, lambda t: t.chunk(n)[rank])",
         new="    loss, own, grads = data_parallel_step(X, y, lambda t: t.chunk(n)[rank])\n    grads = [g * n for g in grads]",
         catch='assert (error <= (n - 1) * eps * bound / n).all()',
     ),
     Mutant(
-        name='nb16-largest-batch-off-by-one',
+        name='nb17-largest-batch-off-by-one',
         notebook=NB,
         claim='the checker refuses a batch that does not fit',
         target='d2lpar/exercises/reasoning_at_scale.py',
@@ -122,16 +122,16 @@ MUTANTS = [
         run='tests/test_scale.py::test_largest_batch_wrong_answers_get_their_hint',
     ),
     Mutant(
-        name='nb16-fit-first-step',
+        name='nb17-fit-first-step',
         notebook=NB,
         claim='the fake run equals real processes, byte for byte',
-        target='notebooks/16_reasoning_at_scale.ipynb',
+        target='notebooks/17_reasoning_at_scale.ipynb',
         old="step()  # the optimizer's state exists from now on\n",
         new='',
         catch="assert all(fit[r]['peak'] == fake['peak']['total'] for r in (0, 1))",
     ),
     Mutant(
-        name='nb16-block-without-norms',
+        name='nb17-block-without-norms',
         notebook=NB,
         claim="the parameter count is Llama 3.1 8B's published one",
         target=NOTEBOOK,
@@ -140,7 +140,7 @@ MUTANTS = [
         catch='assert blocks + rest == 8_030_261_248',
     ),
     Mutant(
-        name='nb16-full-ac-recomputes-no-attention',
+        name='nb17-full-ac-recomputes-no-attention',
         notebook=NB,
         claim='hardware FLOPs are exact under full checkpointing too',
         target=NOTEBOOK,
@@ -149,7 +149,7 @@ MUTANTS = [
         catch=PREDICT_VS_FAKE,
     ),
     Mutant(
-        name='nb16-full-ac-recomputes-w2',
+        name='nb17-full-ac-recomputes-w2',
         notebook=NB,
         claim='hardware FLOPs are exact under full checkpointing too',
         target=NOTEBOOK,
@@ -158,7 +158,7 @@ MUTANTS = [
         catch=PREDICT_VS_FAKE,
     ),
     Mutant(
-        name='nb16-sp-recompute-ignored',
+        name='nb17-sp-recompute-ignored',
         notebook=NB,
         claim="sequence parallelism's bytes per block equal the fake run",
         target=NOTEBOOK,
@@ -167,7 +167,7 @@ MUTANTS = [
         catch="assert abs(block70[f'sent {k}'] / (p2['sent'][k] - p1['sent'][k]) - 1) < 1e-5, k",
     ),
     Mutant(
-        name='nb16-propagation-counted',
+        name='nb17-propagation-counted',
         notebook=NB,
         claim="the fake run counts no DTensor shape-propagation placeholder as memory",
         target=SCALE,
