@@ -47,7 +47,7 @@ class Row:
     # itself (a notebook's asserts, or a script that exits non-zero on a wrong number).
     check: object = None
     quick: bool = False  # one of the rows of --quick
-    estimate: int = None  # seconds on one H100 with 16 cores: an ESTIMATE, not a measurement
+    estimate: int = None  # seconds on one GPU: measured on an H200 where the row ran there (quick_rows)
 
 
 def _python(*args):
