@@ -157,27 +157,6 @@ def test_a_notebook_script_row_writes_the_script_as_the_notebook_does_and_checks
     assert launched_processes() == []
 
 
-@pytest.mark.skipif(__import__('d2lpar').num_gpus() > 0, reason='with GPUs the rows would run')
-@pytest.mark.parametrize('script', ['tp_sp', 'tp_loss'])
-def test_the_one_rank_tensor_parallel_rows_get_the_whole_script_and_its_result(tmp_path, script):
-    """The quick rows of the tensor-parallel notebooks, on gloo: the script as the notebook
-    writes it (every part and version, not the first cell alone), and one rank's result back.
-
-    On an H200 both rows (then tp_block.py and tp_dtensor.py, written in `%%writefile -a`
-    parts) exited 0 and handed back nothing: only the first part had been written, which set
-    up the process group and ended.
-    """
-    [row] = [r for r in gpucheck.rows(tmp_path / 'unused') if r.quick and f' {script}' in r.name]
-    argv = list(map(str, row.argv))
-    assert row.needs == 1 and argv[argv.index('--nproc') + 1] == '1'
-    argv[argv.index('--backend') + 1], argv[argv.index('--device') + 1] = 'gloo', 'cpu'
-    argv[argv.index('--scratch') + 1] = str(tmp_path / 'row')
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert 'on 1 processes (gloo, cpu): checked:' in done.stdout, done.stdout[-3000:]
-    assert 'destroy_process_group() was not called' not in done.stderr
-
-
 def test_the_other_script_checks_catch_their_classic_bugs():
     good_tp = {'out': 1e-7, 'x_grad': 1e-7, 'grads': 1e-7}
     tp_block = {

@@ -2,7 +2,8 @@
 
 Each of these rows writes a notebook's script as the notebook does and launches it under
 torchrun on ONE rank. On the first real GPU run (an H200, torch 2.11) all four failed for
-reasons that have nothing to do with the GPU: checks written for two or more ranks. Running
+reasons that have nothing to do with the GPU: checks written for two or more ranks, and
+scripts written from their first `%%writefile` cell only (not the `-a` parts). Running
 each row with gloo on the CPU, at the row's own rank count and arguments, catches that kind of
 failure before a GPU is at hand; only the NCCL and CUDA calls themselves stay for the GPU.
 """
@@ -35,6 +36,7 @@ def test_a_quick_script_row_passes_on_the_cpu_at_its_own_rank_count(row, tmp_pat
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     script = argv[argv.index('script') + 2]
     assert f'{script} on 1 processes (gloo, cpu): checked: ' in done.stdout, done.stdout[-2000:]
+    assert 'destroy_process_group() was not called' not in done.stderr  # a script that stopped short
     results = [json.loads(f.read_text()) for f in (tmp_path / 'row' / 'results').glob('*.json')]
     assert [r['rank'] for r in results] == [0]
 
