@@ -125,7 +125,7 @@ MUTANTS = [
         target='d2lpar/exercises/capstone.py',
         old="        if mine['peak'] > limit:",
         new='        if False:',
-        run='tests/test_exercises.py::test_choose_layout_wrong_answers_get_their_hint',
-        catch='tests/test_exercises.py::test_choose_layout_wrong_answers_get_their_hint',
+        run='tests/exercises/test_capstone.py::test_choose_layout_wrong_answers_get_their_hint',
+        catch='tests/exercises/test_capstone.py::test_choose_layout_wrong_answers_get_their_hint',
     ),
 ]
