@@ -10,4 +10,5 @@ footprint.py  memory_footprint: the bytes a training step needs, by kind (notebo
 timings.py    allreduce_timings: the hand-written and the built-in allreduce timed (notebook 9)
 probes.py     what this machine can do: a C++ compiler for inductor, pinned memory, bfloat16 (notebook 7)
 profiling.py  a DDP step's profile read and drawn: gradients against allreduces (notebook 7)
+comm_counts.py collective_counter: CommDebugMode counting collectives only (notebook 17)
 """
