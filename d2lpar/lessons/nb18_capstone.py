@@ -113,7 +113,7 @@ def coordinates(mesh, layout):
     return {name: mesh[name].get_local_rank() if layout.get(name, 1) > 1 else 0 for name in DIMS}
 
 
-# Taught in notebooks/18_capstone.ipynb, cell 17.
+# Taught in notebooks/18_capstone.ipynb, cell 15.
 def pipeline_stage(net, stage, num_stages):
     """Return a copy of `net` keeping only stage `stage`'s part: an equal share of the blocks."""
     net = copy.deepcopy(net)
@@ -128,7 +128,7 @@ def pipeline_stage(net, stage, num_stages):
     return net
 
 
-# Taught in notebooks/18_capstone.ipynb, cell 18.
+# Taught in notebooks/18_capstone.ipynb, cell 16.
 def tensor_plan(net, norm_style=SequenceParallel):
     """Return parallelize_module's plan: heads and MLP split, the rest sequence parallel."""
     gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
@@ -149,7 +149,7 @@ def tensor_plan(net, norm_style=SequenceParallel):
     return plan
 
 
-# Taught in notebooks/18_capstone.ipynb, cell 20.
+# Taught in notebooks/18_capstone.ipynb, cell 18.
 def parallelize(net, layout, mesh, microbatches=2, broken=()):
     """Return this rank's (module, schedule): `net` cut, split and sharded as `layout` says.
 
@@ -178,18 +178,20 @@ def parallelize(net, layout, mesh, microbatches=2, broken=()):
                               scale_grads='pp_scale' not in broken)
 
 
-# Taught in notebooks/18_capstone.ipynb, cell 22.
+# Taught in notebooks/18_capstone.ipynb, cell 20.
 def average_gradients(net, group, size, divide=True):
-    """All-reduce (sum) every gradient over `group`'s `size` ranks, then divide by `size`."""
+    """All-reduce (sum) every gradient over `group`'s `size` ranks in one bucket, then divide by `size`."""
     with torch.no_grad():
-        for p in net.parameters():
-            grad = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
-            dist.all_reduce(grad, group=group)
-            if divide:
-                grad /= size
+        grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in net.parameters()]
+        bucket = torch.cat([grad.flatten() for grad in grads])  # one message, not one per tensor
+        dist.all_reduce(bucket, group=group)
+        if divide:
+            bucket /= size
+        for grad, mine in zip(grads, bucket.split([grad.numel() for grad in grads])):
+            grad.copy_(mine.view_as(grad))
 
 
-# Taught in notebooks/18_capstone.ipynb, cell 23.
+# Taught in notebooks/18_capstone.ipynb, cell 21.
 def train_step(net, schedule, opt, X, y, layout, mesh, broken=()):
     """One SGD step on this rank's share of the batch; return its loss (None off the last stage).
 
@@ -223,7 +225,7 @@ def full_parameters(net):
             for name, p in net.named_parameters()}
 
 
-# Taught in notebooks/18_capstone.ipynb, cell 25.
+# Taught in notebooks/18_capstone.ipynb, cell 23.
 RING = {  # bytes one rank sends per byte of the collective's input, n ranks (ring algorithms)
     'allreduce_': lambda n: 2 * (n - 1) / n, 'all_reduce': lambda n: 2 * (n - 1) / n,
     '_allgather_base_': lambda n: n - 1, 'all_gather_into_tensor': lambda n: n - 1,  # its input
@@ -237,7 +239,7 @@ def _group_size(group):
     return dist.ProcessGroup.unbox(group).size()  # the dispatcher hands c10d ops a boxed group
 
 
-# Taught in notebooks/18_capstone.ipynb, cell 26.
+# Taught in notebooks/18_capstone.ipynb, cell 24.
 class StepCost(StepMemory):
     """StepMemory that also counts the calls and bytes of every collective this rank runs in the step."""
 
@@ -262,7 +264,7 @@ class StepCost(StepMemory):
         return super().__torch_dispatch__(func, types, args, kwargs)
 
 
-# Taught in notebooks/18_capstone.ipynb, cell 28.
+# Taught in notebooks/18_capstone.ipynb, cell 26.
 def pipeline_bytes(layout, tokens, dim, bytes_per_value=4):
     """Return the bytes a pipeline rank sends: its stage's output forward, its input's gradient back."""
     dp, fsdp, cp, tp, pp = (layout.get(name, 1) for name in ('dp', 'fsdp', 'cp', 'tp', 'pp'))
