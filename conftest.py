@@ -5,6 +5,11 @@ offline Fashion-MNIST stand-in and their small workload (see README).
 """
 
 import os
+import signal
+import threading
+import warnings
+
+import pytest
 
 os.environ['D2LPAR_OFFLINE'] = '1'
 os.environ['D2LPAR_SMALL'] = '1'
@@ -31,3 +36,23 @@ class NotebookTimes:
 
 def pytest_configure(config):
     config.pluginmanager.register(NotebookTimes(), 'd2lpar-notebook-times')
+
+
+@pytest.fixture(autouse=True)
+def _sigint_as_found(request):
+    """Restore SIGINT's handler and mask if a test changed them, and warn which test did.
+
+    Children inherit an ignored or blocked SIGINT: a leak would make every later interrupt
+    test (a learner's interrupt button, in a kernel) wait forever, far from its cause.
+    """
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, 'pthread_sigmask'):
+        yield
+        return
+    handler = signal.getsignal(signal.SIGINT)
+    blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    yield
+    now = signal.getsignal(signal.SIGINT), signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    if now != (handler, blocked):
+        signal.signal(signal.SIGINT, handler)
+        signal.pthread_sigmask(signal.SIG_BLOCK if blocked else signal.SIG_UNBLOCK, {signal.SIGINT})
+        warnings.warn(f'{request.node.nodeid} changed SIGINT (handler, blocked) from {(handler, blocked)} to {now}')

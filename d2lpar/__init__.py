@@ -76,4 +76,7 @@ from .machinery.ports import free_port, loopback_interface, port_is_free
 from .machinery.processes import end_processes, launched_processes
 from .machinery.saving import save_cells, write_next
 
+# Modules notebooks reach as d2lpar.X after `import d2lpar` (d2lpar.distributed.expand_nodelist, ...).
+from . import distributed, memory, saving  # noqa: E402,F401
+
 __version__ = '0.1.0'

@@ -283,6 +283,7 @@ def test_an_edit_to_a_saved_cell_of_notebook_5_reaches_the_next_launch():
     loader = find('def make_loader(')
     cells.append(
         nbformat.v4.new_code_cell(
+            "import shutil\n"
             "edited = 'seed + rank' in (work / 'ddp_steps.py').read_text()\n"
             "shutil.rmtree(work, ignore_errors=True)\nassert edited"
         )
