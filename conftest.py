@@ -36,6 +36,11 @@ class NotebookTimes:
 
 def pytest_configure(config):
     config.pluginmanager.register(NotebookTimes(), 'd2lpar-notebook-times')
+    # A shell without job control starts a background job (`make test &`, nohup) with SIGINT
+    # ignored, and children inherit that: the tests of what an interrupt does (the learner's
+    # interrupt button) would then wait forever. Take SIGINT as an interactive session has it.
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
