@@ -21,16 +21,7 @@ import pytest
 
 from d2lpar import end_processes, launch, launched_processes, port_is_free
 
-HERE = Path(__file__).resolve().parent
-PROBE = HERE / 'scripts' / 'launch_probe.py'
-ROOT = HERE.parent
-posix_only = pytest.mark.skipif(os.name != 'posix', reason='the launcher needs Linux or macOS')
-
-
-@pytest.fixture(autouse=True)
-def nothing_left_behind():
-    yield
-    assert launched_processes() == [], 'a launch left processes running'
+from launching import PROBE, ROOT, nothing_left_behind, posix_only  # noqa: F401  (an autouse fixture)
 
 
 def wait_for(predicate, seconds=60):
