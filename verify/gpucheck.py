@@ -126,8 +126,9 @@ def main(argv=None):
         return status
     from d2lpar.machinery.info import torch_problem
 
-    if torch_problem():  # the first GPU run had only torch 2.11 at hand: say so next to every verdict
-        print(f'note: {torch_problem()} A row may fail for that reason alone.', flush=True)
+    too_old = torch_problem()  # the first GPU run had only torch 2.11 at hand: say so next to every verdict
+    if too_old:
+        print(f'note: {too_old} A row may fail for that reason alone.', flush=True)
     if driver['exclusive']:
         print(
             'note: the GPUs are in EXCLUSIVE_PROCESS compute mode: rows that put several '
