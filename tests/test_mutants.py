@@ -175,3 +175,50 @@ def test_exercise_rows_name_the_checker_and_its_notebook():
         'check_zero2_hook',
         '10_zero',
     )
+
+
+def test_a_mutant_whose_check_needs_a_gpu_is_not_run_without_one(course, monkeypatch, capsys):
+    """Without the GPUs a mutant needs, its row says NEEDS-GPU; a run that proved nothing is no pass."""
+    gpu = Mutant(
+        'on-gpu', '00_fake', 'double doubles', 'notebooks/00_fake.ipynb', '2 * v', '3 * v', 'double(3) == 6', gpus=1
+    )
+    cpu = Mutant('on-cpu', '00_fake', 'x is 2', 'notebooks/00_fake.ipynb', 'x = 2', 'x = 3', 'assert x == 2')
+    monkeypatch.setattr(run, 'ROOT', course)
+    monkeypatch.setattr(run, 'cuda_gpus', lambda: 0)
+    monkeypatch.setattr(run, 'load', lambda: [gpu, cpu])
+    assert run.main(['--no-exercises']) == 0
+    out = capsys.readouterr().out
+    assert 'on-gpu' in out and 'NEEDS-GPU' in out and '1 CAUGHT, 1 NEEDS-GPU' in out
+    assert '--gpu-only' in out.splitlines()[-1]
+    assert run.main(['--gpu-only']) == 1  # nothing ran: nothing was proved
+    monkeypatch.setattr(run, 'cuda_gpus', lambda: 1)  # with the GPU, it runs like any other
+    assert run.main(['--gpu-only']) == 0
+    assert '1 rows: 1 CAUGHT' in capsys.readouterr().out
+
+
+def checking_cells(nb):
+    """Yield (index, source) of each code cell of `nb` that asserts something (scripts it writes aside)."""
+    for i, cell in enumerate(nb['cells']):
+        source = ''.join(cell['source'])
+        if cell['cell_type'] == 'code' and not source.startswith('%%writefile'):
+            if any(
+                line.lstrip().startswith(('assert ', 'torch.testing.assert_close(')) for line in source.splitlines()
+            ):
+                yield i, source
+
+
+def test_every_cell_that_checks_something_has_a_mutant_it_must_catch():
+    """A check no planted bug is tied to is a check nobody has seen fail (those that need a GPU count too)."""
+    mutants = [m for m in registry.load() if m.run is None]
+    missing = []
+    for path in sorted((ROOT / 'notebooks').glob('[0-9][0-9]_*.ipynb')):
+        nb = json.loads(path.read_text())
+        for i, source in checking_cells(nb):
+            if not any(m.notebook == path.stem and m.catch in source for m in mutants):
+                first = next(
+                    ln.strip()
+                    for ln in source.splitlines()
+                    if ln.lstrip().startswith(('assert ', 'torch.testing.assert_close('))
+                )
+                missing.append(f'{path.stem}[{i}]: {first[:80]}')
+    assert not missing, 'cells whose checks no mutant is tied to:\n' + '\n'.join(missing)

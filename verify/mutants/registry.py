@@ -23,7 +23,9 @@ class Mutant:
     one code cell; it must occur exactly once in the file. catch: text of the
     notebook cell that must fail, or the test node id that must fail when `run`
     is given. run: a pytest node id or path to run instead of the notebook.
-    quick: part of the fast subset CI runs.
+    quick: part of the fast subset CI runs. gpus: the CUDA GPUs torch must see for the
+    catching check to run at all (its cell's CPU branch checks something else); on a machine
+    with fewer, the runner reports the mutant as NEEDS-GPU instead of running it.
     """
 
     name: str
@@ -35,6 +37,7 @@ class Mutant:
     catch: str
     run: str | None = None
     quick: bool = False
+    gpus: int = 0
 
 
 def load(folder=HERE):

@@ -16,12 +16,15 @@ nbval, `-x`, the copy's conftest and PYTHONPATH). Verdicts:
   SURVIVED         nothing failed: the check cannot see this bug
   BROKEN           the mutant no longer applies, or pytest itself could not run it
   CONTROL-FAILED   (--control) the unmutated notebook fails at that cell too, so the failure proves nothing
+  NEEDS-GPU        not run: its check runs only where torch sees `gpus` CUDA GPUs, and this machine has
+                   fewer (`--gpu-only` on a GPU machine runs just these)
 
 The exercise checkers' wrong-answer tests (tests/exercises/, every test
 whose name says `wrong`) are rows of the same table: each is a planted wrong
 answer that its checker must reject with its hint, so a passing test reads
 CAUGHT and a failing one SURVIVED. They run in one pytest call (not with --quick:
-`make test` runs them anyway). Exit status 0 only when every row is CAUGHT.
+`make test` runs them anyway). Exit status 0 only when every row that ran is CAUGHT; the last
+line counts the NEEDS-GPU rows, which a CPU machine cannot prove either way.
 """
 
 import argparse
@@ -43,7 +46,7 @@ if str(ROOT) not in sys.path:
 from verify.mutants.exercise_rows import checker_of, exercise_chapters, exercise_rows  # noqa: E402,F401
 from verify.mutants.plant import Broken, catch_cell, notebook_path, plant, truncate  # noqa: E402
 from verify.mutants.registry import load  # noqa: E402
-from verify.mutants.verdicts import run_mutant  # noqa: E402
+from verify.mutants.verdicts import Row, run_mutant  # noqa: E402
 
 
 # --------------------------------------------------------------------- main
@@ -60,11 +63,28 @@ def print_row(row, lock=threading.Lock()):
         )
 
 
-def select(mutants, quick=False, only=None):
-    chosen = [m for m in mutants if not quick or m.quick]
+def select(mutants, quick=False, only=None, gpu_only=False):
+    chosen = [m for m in mutants if (not quick or m.quick) and (not gpu_only or m.gpus)]
     if only:
         chosen = [m for m in chosen if m.name == only or m.notebook.startswith(only) or only in m.notebook]
     return chosen
+
+
+def cuda_gpus():
+    """Return how many CUDA GPUs torch can use here (0 where CUDA cannot start)."""
+    import torch  # here, not at the top: --list and --check need no torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def needs_gpu_row(mutant, have):
+    return Row(
+        mutant.notebook,
+        mutant.claim,
+        mutant.name,
+        'NEEDS-GPU',
+        f'its check runs where torch sees {mutant.gpus} CUDA GPU(s); this machine has {have}',
+    )
 
 
 def apply_controls(rows, controls):
@@ -105,6 +125,7 @@ def main(argv=None):
     parser.add_argument('--quick', action='store_true', help='only the fast subset CI runs')
     parser.add_argument('--only', help='a mutant name, or a notebook (prefix such as 08)')
     parser.add_argument('-j', type=int, default=1, help='mutants run at a time (default 1)')
+    parser.add_argument('--gpu-only', action='store_true', help='only the mutants whose check needs a GPU')
     parser.add_argument('--list', action='store_true', help='list the mutants and exit')
     parser.add_argument(
         '--control', action='store_true', help='also run each notebook unmutated up to its last catching cell'
@@ -117,10 +138,11 @@ def main(argv=None):
     )
     args = parser.parse_args(argv)
 
-    mutants = select(load(), args.quick, args.only)
+    mutants = select(load(), args.quick, args.only, args.gpu_only)
     if args.list:
         for m in mutants:
-            print(f'{m.notebook:24} {"quick" if m.quick else "     "} {m.name:34} {m.claim}')
+            tag = 'quick' if m.quick else (f'{m.gpus} GPU' if m.gpus else '')
+            print(f'{m.notebook:24} {tag:5} {m.name:34} {m.claim}')
         print(f'{len(mutants)} mutants')
         return 0
     if args.check:
@@ -132,11 +154,15 @@ def main(argv=None):
     scratch = tempfile.mkdtemp(prefix='d2lpar-mutants-')
     start = time.monotonic()
     print(' | '.join(COLUMNS), flush=True)
-    jobs = list(mutants)
+    have = cuda_gpus() if any(m.gpus for m in mutants) else 0
+    jobs = [m for m in mutants if m.gpus <= have]
+    waiting = [needs_gpu_row(m, have) for m in mutants if m.gpus > have]
+    for row in waiting:
+        print_row(row)
     controls = []
     if args.control:  # one control per notebook, up to the last cell any of its mutants catches at
         last = {}
-        for m in mutants:
+        for m in jobs:
             nb = notebook_path(m)
             if nb is None:
                 continue
@@ -154,7 +180,7 @@ def main(argv=None):
             futures = {pool.submit(run_mutant, m, ROOT, scratch): False for m in jobs}
             futures.update({pool.submit(run_mutant, m, ROOT, scratch, True): True for m in controls})
             exercises = None
-            if not args.quick and not args.no_exercises:
+            if not args.quick and not args.no_exercises and not args.gpu_only:
                 exercises = pool.submit(exercise_rows, ROOT, args.only, scratch)
             for future in as_completed(futures):  # each row as soon as it is known
                 row = future.result()
@@ -167,10 +193,12 @@ def main(argv=None):
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     apply_controls(rows, control_rows)
+    ran = len(rows)
+    bad = [r for r in rows if r.verdict != 'CAUGHT']
+    rows += waiting
     counts = {}
     for row in rows:
         counts[row.verdict] = counts.get(row.verdict, 0) + 1
-    bad = [r for r in rows if r.verdict != 'CAUGHT']
     if control_rows:
         print('controls: ' + ', '.join(f'{c.notebook} {c.verdict}' for c in control_rows))
     if bad:
@@ -182,7 +210,13 @@ def main(argv=None):
         + ', '.join(f'{n} {v}' for v, n in sorted(counts.items()))
         + f'; {time.monotonic() - start:.0f} s'
     )
-    return 1 if bad or not rows else 0
+    if waiting:
+        most = max(m.gpus for m in mutants)
+        print(
+            f'{len(waiting)} NEEDS-GPU rows were not run (this machine: {have} CUDA GPU(s)): on a machine '
+            f'with {most}, `make mutants MUTANTS_FLAGS=--gpu-only` runs them'
+        )
+    return 1 if bad or not ran else 0  # a run that proved nothing (all NEEDS-GPU) is no pass
 
 
 if __name__ == '__main__':

@@ -96,7 +96,7 @@ MUTANTS = [
         old='        env_changes = _changes(child_env, os.environ)\n',
         new="        child_env['GLOO_SOCKET_IFNAME'] = loopback_interface()\n"
         '        env_changes = _changes(child_env, os.environ)\n',
-        catch="assert not wrong.ok and wrong.exits[first]['how'] == 'error'",
+        catch="assert not wrong.ok, 'the ranks ran, although GLOO_SOCKET_IFNAME names no interface'",
     ),
     Mutant(
         'every-rank-reaches-the-terminal',
@@ -152,5 +152,20 @@ MUTANTS = [
         old='emit_result(rank=rank, gloo_threads_after_destroy=gloo_threads())',
         new='emit_result(rank=rank, gloo_threads_after_destroy=[])',
         catch='assert all(threads[r] for r in (0, 1))',
+    ),
+]
+
+# A check that only two GPUs can run (NCCL needs one GPU per process): a NEEDS-GPU row on
+# smaller machines, run by `make mutants MUTANTS_FLAGS=--gpu-only` on one with two GPUs.
+MUTANTS += [
+    Mutant(
+        'nccl-debug-variable-misspelled',
+        NB,
+        "NCCL_DEBUG=INFO shows NCCL's set-up in every rank's output",
+        FILE,
+        old="env={'NCCL_DEBUG': 'INFO'}).check()",
+        new="env={'NCCL_DEBUG_LEVEL': 'INFO'}).check()",
+        catch="assert nccl_run.by_rank('total') == {0: 3.0, 1: 3.0} and info",
+        gpus=2,
     ),
 ]

@@ -107,6 +107,31 @@ MUTANTS += [
         FILE,
         old='max_parallel=len(masks)',
         new='max_parallel=1',
-        catch="assert s['report']['device'] == ('cuda:0' if where else 'cpu')",
+        catch="assert time.monotonic() < deadline, 'the other processes never arrived'",
+    ),
+]
+
+# Checks that only a GPU can run (without one, every child sees no GPU whatever its mask):
+# NEEDS-GPU rows on a CPU machine, run by `make mutants MUTANTS_FLAGS=--gpu-only` on a GPU one.
+MUTANTS += [
+    Mutant(
+        'mask-set-before-cuda-starts-in-the-late-child',
+        NB,
+        'a mask set after CUDA started is ignored: the GPUs stay visible',
+        FILE,
+        old="LATE = 'import os\\nimport torch\\ntorch.cuda.is_available()  # CUDA initialises here\\n' + SET",
+        new="LATE = 'import os\\nimport torch\\n' + SET + 'torch.cuda.is_available()  # CUDA initialises here\\n'",
+        catch="assert late['cuda_available'] == (n_gpus > 0)",
+        gpus=1,
+    ),
+    Mutant(
+        'trap-child-sets-the-mask-in-time',
+        NB,
+        "after a late mask, device_count() says 0 while tensors land on the old cuda:0",
+        FILE,
+        old='TRAP = LATE + textwrap.dedent(',
+        new='TRAP = EARLY + textwrap.dedent(',
+        catch="assert trap['tensor_on'] == 'cuda:0'",
+        gpus=1,
     ),
 ]

@@ -92,3 +92,28 @@ MUTANTS += [
         catch="assert peaks[True]['Total'] > peaks[False]['Total']",
     ),
 ]
+
+# Checks that only a GPU can run (their CPU branch prints what the GPU would show): NEEDS-GPU
+# rows on a CPU machine, run by `make mutants MUTANTS_FLAGS=--gpu-only` on a GPU one.
+MUTANTS += [
+    Mutant(
+        'pinned-copy-read-before-the-event',
+        NB,
+        'a non_blocking copy to the host is complete only after its event',
+        FILE,
+        old='    done.synchronize()                        # now Y holds what the GPU sent\n',
+        new='',
+        catch='assert torch.equal(Y, torch.arange(2**22, dtype=torch.float32))',
+        gpus=1,
+    ),
+    Mutant(
+        'a-second-reference-keeps-the-memory',
+        NB,
+        'memory_allocated counts live tensors: back where it was after del',
+        FILE,
+        old='    del big\n',
+        new='    kept = [big]  # a reference left in a list, as a cache or a log would keep it\n    del big\n',
+        catch='assert grown >= 4 * 2**20 and torch.cuda.memory_allocated(device) == before',
+        gpus=1,
+    ),
+]
