@@ -7,6 +7,11 @@ SCALE = 'd2lpar/scale.py'
 NOTEBOOK = 'notebooks/17_reasoning_at_scale.ipynb'
 LESSON = 'd2lpar/lessons/nb17_reasoning_at_scale.py'  # generated from the notebook (make lib)
 PREDICT_VS_FAKE = 'peak off by {error:+.1e}'
+SAC_HEAD = '''def _selective_policy():
+    \"\"\"torchtitan's 'op' selective checkpointing: save matmul and attention outputs, except every second matmul.\"\"\"
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+'''
 
 MUTANTS = [
     Mutant(
@@ -174,5 +179,41 @@ MUTANTS = [
         old='with memory, flops, comm, _propagation_unseen():',
         new='with memory, flops, comm:',
         catch="assert one70['peak temp'] <= p1['memory']['loss']",
+    ),
+    Mutant(
+        name='nb17-sac-one-counter-for-all-blocks',
+        notebook=NB,
+        claim='every block of a fake run adds the same bytes, to the byte (the model scales by arithmetic)',
+        target=SCALE,
+        old=SAC_HEAD + '    count = defaultdict(int)\n',
+        new=SAC_HEAD.replace('():', '(count=defaultdict(int)):'),  # one counter, shared by every block
+        catch='assert grow == step, (a, b, grow, step)',
+    ),
+    Mutant(
+        name='nb17-extrapolate-one-block-too-many',
+        notebook=NB,
+        claim='the fake runs, scaled to 32 blocks, count the FLOPs the predictor does',
+        target=NOTEBOOK,
+        old="full8 = {k: one8[k] + (cfg8['n_layers'] - 1) * block8[k] for k in one8}",
+        new="full8 = {k: one8[k] + cfg8['n_layers'] * block8[k] for k in one8}",
+        catch="assert abs(full8['flops'] - p8['hardware_flops']) <= 1e-9 * full8['flops']",
+    ),
+    Mutant(
+        name='nb17-published-memory-digits-swapped-8',
+        notebook=NB,
+        claim="the predicted peak (live tensors) lies below torchtitan's reserved memory",
+        target=SCALE,
+        old="'selective', 5762, 82.4)",
+        new="'selective', 5762, 28.4)",
+        catch="assert pred[g]['peak'] / GiB <= published[g]['memory_gib']",
+    ),
+    Mutant(
+        name='nb17-published-memory-digits-swapped-128',
+        notebook=NB,
+        claim='sharding over 128 GPUs explains most, not all, of the published saving',
+        target=SCALE,
+        old="'selective', 5605, 67.0)",
+        new="'selective', 5605, 76.0)",
+        catch='assert 0 < saved < reported',
     ),
 ]

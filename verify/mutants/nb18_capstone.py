@@ -146,4 +146,22 @@ MUTANTS = [
         run='tests/exercises/test_capstone.py::test_choose_layout_wrong_answers_get_their_hint',
         catch='tests/exercises/test_capstone.py::test_choose_layout_wrong_answers_get_their_hint',
     ),
+    Mutant(
+        name='one-rank-reports-for-every-stage',
+        notebook=NB,
+        claim="every run reports every parameter (one rank per pipeline stage)",
+        target=TARGET,
+        old="first = at['dp'] == at['fsdp'] == at['cp'] == at['tp'] == 0",
+        new="first = at['pp'] == at['dp'] == at['fsdp'] == at['cp'] == at['tp'] == 0",
+        catch='assert params.keys() == ref_params.keys(), name',
+    ),
+    Mutant(
+        name='worst-param-measured-from-the-seed',
+        notebook=NB,
+        claim='the parameter furthest from one process points at the sp norm bug',
+        target=TARGET,
+        old='return max(params, key=lambda k: (params[k] - ref_params[k]).abs().max().item())',
+        new='return max(params, key=lambda k: (params[k] - seed[k]).abs().max().item())',
+        catch="assert 'norm' in worst_param('sp norm not summed')",
+    ),
 ]
