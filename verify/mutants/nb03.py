@@ -131,3 +131,15 @@ MUTANTS += [
         catch='assert_close_on_cpu(eval_mode, bn_twin(X.to(devices[0])), **exact)',
     ),
 ]
+
+MUTANTS += [
+    Mutant(
+        'checkpoint-saved-unwrapped',
+        NB,
+        "a wrapped model's checkpoint loads nothing into a bare network with strict=False",
+        FILE,
+        old="wrapped_path = save_checkpoint(nn.DataParallel(trained).state_dict(), ckpt_dir / 'wrapped.pt')",
+        new="wrapped_path = save_checkpoint(trained.state_dict(), ckpt_dir / 'wrapped.pt')",
+        catch='assert len(result.missing_keys) == len(result.unexpected_keys) == len(state)',
+    ),
+]

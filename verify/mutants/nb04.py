@@ -147,3 +147,15 @@ MUTANTS += [
         catch='assert total > device_memory and stages_needed >= 2 and total / stages_needed <= device_memory',
     ),
 ]
+
+MUTANTS += [
+    Mutant(
+        'stages-called-past-their-hooks',
+        NB,
+        "stage 0 gets the batch, every later stage only the previous stage's activations",
+        FILE,
+        old='X = stage(X.to(device))',
+        new='X = stage.forward(X.to(device))',
+        catch='assert given == [tuple(X.shape), (len(X), 256)]',
+    ),
+]

@@ -143,3 +143,33 @@ MUTANTS = [
         catch='assert torch.equal(torch.cat([y for _, y in batches]), test_iter.y[:10])',
     ),
 ]
+
+MUTANTS += [
+    Mutant(
+        'noise-with-random-labels',
+        NB,
+        'the loss on noise that always carries one label falls tenfold',
+        FILE,
+        old='torch.full((64,), 3)',
+        new='torch.randint(0, 10, (64,))',
+        catch='assert losses[-1] < losses[0] / 10 and acc < 0.2',
+    ),
+    Mutant(
+        'noise-net-not-the-one-evaluated',
+        NB,
+        'the network trained on noise is at chance on the test images',
+        FILE,
+        old='lenet(X, noise_params[0])',
+        new='lenet(X, one.device_params[0])',
+        catch='assert losses[-1] < losses[0] / 10 and acc < 0.2',
+    ),
+    Mutant(
+        'lenet-tanh-first-layer',
+        NB,
+        'ReLU LeNet with zero biases: weights 10 times smaller give scores 10**4 times smaller',
+        FILE,
+        old='F.relu(F.conv2d(X, params[0], params[1]))',
+        new='torch.tanh(F.conv2d(X, params[0], params[1]))',  # LeCun's squashing function
+        catch='torch.testing.assert_close(1e4 * scores[0.01], scores[0.1])',
+    ),
+]

@@ -115,3 +115,15 @@ MUTANTS = [
         catch="assert formula[name] <= peaks[name] <= formula[name] + 5 * layer_bytes, name",
     ),
 ]
+
+MUTANTS += [
+    Mutant(
+        'script-edited-diff-stale',
+        NB,
+        "the next script's diff applies to the script as it stands, at the lines it names",
+        TARGET,
+        old='W, STEPS, TOL = args.width, 3, 1e-5',
+        new='W, STEPS = args.width, 3\nTOL = 1e-5',
+        catch="d2lpar.write_next(work / 'train_zero.py', work / 'measure_zero.py'",
+    ),
+]

@@ -125,3 +125,33 @@ MUTANTS = [
         catch="assert r['max_diff'] < tolerance < r['moved'] / 100, (rank, r['max_diff'], tolerance)",
     ),
 ]
+
+MUTANTS += [
+    Mutant(
+        name='interleaved-runs-looped-bfs',
+        notebook=NB,
+        claim='interleaved: p micro-batches through the first stage, then the same p through the second',
+        target=TARGET,
+        old="'Interleaved1F1B': (ScheduleInterleaved1F1B, 2,",
+        new="'Interleaved1F1B': (torch.distributed.pipelining.schedules.ScheduleLoopedBFS, 2,",
+        catch="assert rank0[:2 * p] == [f'F{j}@0' for j in range(p)] + [f'F{j}@{p}' for j in range(p)]",
+    ),
+    Mutant(
+        name='3d-tp-coordinate-read-from-dp',
+        notebook=NB,
+        claim='the 8 ranks are the 2 x 2 x 2 mesh: every (pp, dp, tp) once',
+        target=TARGET,
+        old="for name in ('pp', 'dp', 'tp'))",
+        new="for name in ('pp', 'dp', 'dp'))",
+        catch="assert sorted((r['pp'], r['dp'], r['tp']) for r in report_3d.values()) == [",
+    ),
+    Mutant(
+        name='3d-tp-on-the-outer-mesh-dim',
+        notebook=NB,
+        claim='tp pairs neighbouring ranks: tp cuts the rows first, dp halves each tp block',
+        target=TARGET,
+        old="mesh_dim_names=('pp', 'dp', 'tp')",
+        new="mesh_dim_names=('pp', 'tp', 'dp')",
+        catch='assert rows == [[0, 8], [16, 24], [8, 16], [24, 32]]',
+    ),
+]
