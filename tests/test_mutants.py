@@ -1,5 +1,6 @@
 """The mutation runner's verdicts, on a tiny fake course: caught, survived, broken, caught elsewhere."""
 
+import ast
 import json
 import textwrap
 from pathlib import Path
@@ -196,15 +197,41 @@ def test_a_mutant_whose_check_needs_a_gpu_is_not_run_without_one(course, monkeyp
     assert '1 rows: 1 CAUGHT' in capsys.readouterr().out
 
 
+def checks_in(source):
+    """Return the first line of each check the cell runs: asserts and assert_close calls.
+
+    A check inside a function the cell only defines runs where the function is called, and an
+    `assert` inside a string (a script's diff) is no check of the cell's.
+    """
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    tree = ast.parse(TransformerManager().transform_cell(source))
+    called = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    skipped = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name not in called:
+            skipped |= {id(n) for n in ast.walk(node)}
+    lines = source.splitlines()
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        is_check = isinstance(node, ast.Assert) or (
+            isinstance(node, ast.Call) and ast.unparse(node.func) in ('torch.testing.assert_close', 'assert_close')
+        )
+        if is_check:
+            found.append(lines[node.lineno - 1].strip())
+    return found
+
+
 def checking_cells(nb):
-    """Yield (index, source) of each code cell of `nb` that asserts something (scripts it writes aside)."""
+    """Yield (index, source, checks) of each code cell of `nb` that checks something (scripts it writes aside)."""
     for i, cell in enumerate(nb['cells']):
         source = ''.join(cell['source'])
         if cell['cell_type'] == 'code' and not source.startswith('%%writefile'):
-            if any(
-                line.lstrip().startswith(('assert ', 'torch.testing.assert_close(')) for line in source.splitlines()
-            ):
-                yield i, source
+            checks = checks_in(source)
+            if checks:
+                yield i, source, checks
 
 
 def test_every_cell_that_checks_something_has_a_mutant_it_must_catch():
@@ -213,12 +240,7 @@ def test_every_cell_that_checks_something_has_a_mutant_it_must_catch():
     missing = []
     for path in sorted((ROOT / 'notebooks').glob('[0-9][0-9]_*.ipynb')):
         nb = json.loads(path.read_text())
-        for i, source in checking_cells(nb):
+        for i, source, checks in checking_cells(nb):
             if not any(m.notebook == path.stem and m.catch in source for m in mutants):
-                first = next(
-                    ln.strip()
-                    for ln in source.splitlines()
-                    if ln.lstrip().startswith(('assert ', 'torch.testing.assert_close('))
-                )
-                missing.append(f'{path.stem}[{i}]: {first[:80]}')
+                missing.append(f'{path.stem}[{i}]: {checks[0][:80]}')
     assert not missing, 'cells whose checks no mutant is tied to:\n' + '\n'.join(missing)

@@ -2,8 +2,9 @@
 
 A mutant is one small, named change to the code a check exists to guard (a saved
 cell, a script, a package function), tied to the check that must catch it.
-`verify/mutants/nbNN.py` (or `nbNN_<name>.py`, named as the notebook, which lets git follow the
-file when notebooks are renumbered) holds the mutants of notebook NN as `MUTANTS = [...]`.
+`verify/mutants/nbNN_<name>.py`, named as the notebook (which lets git follow the file when
+notebooks are renumbered), holds the mutants of notebook NN as `MUTANTS = [...]`;
+`nb_launch_cleanup.py` holds those of the last cell that every launching notebook shares.
 """
 
 import importlib.util

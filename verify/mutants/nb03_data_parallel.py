@@ -143,3 +143,18 @@ MUTANTS += [
         catch='assert len(result.missing_keys) == len(result.unexpected_keys) == len(state)',
     ),
 ]
+
+# A check that only two GPUs can run: a NEEDS-GPU row on smaller machines, run by
+# `make mutants MUTANTS_FLAGS=--gpu-only` on a machine with two.
+MUTANTS += [
+    Mutant(
+        'batch-scattered-from-the-host',
+        NB,
+        'the output device fills up first: it holds the whole batch',
+        FILE,
+        old='X_big, y_big = batch_X.repeat(8, 1, 1, 1).to(gpus[0]), batch_y.repeat(8).to(gpus[0])',
+        new='X_big, y_big = batch_X.repeat(8, 1, 1, 1), batch_y.repeat(8).to(gpus[0])',
+        catch='assert peaks[0] - max(peaks[1:]) >= X_big.nbytes // 2',
+        gpus=2,
+    ),
+]
