@@ -61,6 +61,7 @@ from . import cuda  # noqa: E402
 FAKE_CUDA = '''
 import fcntl
 import os
+import time
 import types
 
 _GPUS = int(os.environ['FAKE_GPUS'])
@@ -72,12 +73,17 @@ _driver_gpus = None
 
 
 def _visible(mask):
-    """Ordinals a numeric mask shows: entries up to the first invalid one."""
+    """Ordinals a mask shows: entries up to the first invalid one (GPU-... names a UUID prefix)."""
     if mask is None:
         return list(range(_GPUS))
     shown = []
     for entry in mask.split(','):
         entry = entry.strip()
+        if entry.startswith('GPU-'):
+            hits = [i for i in range(_GPUS) if f'{i:08d}-0000-0000-0000-000000000000'.startswith(entry[4:].lower())]
+            if len(hits) != 1:
+                break
+            entry = str(hits[0])
         if not entry.isdigit() or int(entry) >= _GPUS:
             break
         if int(entry) in shown:
@@ -113,6 +119,7 @@ def _lazy_init():
                 raise RuntimeError('CUDA error: CUDA-capable device(s) is/are busy or unavailable') from None
             _context.write(f'{os.getpid()}\\n')
             _context.flush()
+            time.sleep(float(os.environ.get('FAKE_HOLD', 0)))  # a start that takes a while
         _initialized = True
 
 
@@ -150,6 +157,7 @@ def cell(cell_id):
 
 
 BASE, LATE_CHILDREN, TRAP_CHECK, SIDE_BY_SIDE = '8db1ab0e', 'fb521fca', '1416098a', '27b9efbc'
+PREDICTIONS = 'cd78ec29'
 
 
 @pytest.fixture
@@ -211,11 +219,8 @@ def test_a_mask_honoured_late_fails_the_late_check(fake_gpus, monkeypatch):
         run_cells(BASE, LATE_CHILDREN)
 
 
-@pytest.mark.parametrize('gpus', [1, 2])
-@pytest.mark.skipif(os.name != 'posix', reason='the stand-in nvidia-smi is a shell script')
-def test_processes_never_share_a_gpu_in_exclusive_process_mode(fake_gpus, tmp_path, monkeypatch, gpus, capsys):
-    """Issue 34: sharing GPU 0 fails there; the cell says so and runs one process per GPU."""
-    fake_gpus(gpus, '2.15.0')
+def exclusive_mode(gpus, tmp_path, monkeypatch):
+    """Put every fake GPU in EXCLUSIVE_PROCESS mode: nvidia-smi says so, and CUDA's start takes a lock."""
     locks, bin_ = tmp_path / 'locks', tmp_path / 'bin'
     locks.mkdir()
     bin_.mkdir()
@@ -226,11 +231,47 @@ def test_processes_never_share_a_gpu_in_exclusive_process_mode(fake_gpus, tmp_pa
     monkeypatch.setenv('PATH', f'{bin_}{os.pathsep}{os.environ["PATH"]}')
     monkeypatch.setenv('FAKE_EXCLUSIVE', ','.join(map(str, range(gpus))))
     monkeypatch.setenv('FAKE_LOCKS', str(locks))
+    return uuids
+
+
+@pytest.mark.parametrize('gpus', [1, 2])
+@pytest.mark.skipif(os.name != 'posix', reason='the stand-in nvidia-smi is a shell script')
+def test_processes_never_share_a_gpu_in_exclusive_process_mode(fake_gpus, tmp_path, monkeypatch, gpus, capsys):
+    """Issue 34: sharing GPU 0 fails there; the cell says so and runs one process per GPU."""
+    fake_gpus(gpus, '2.15.0')
+    uuids = exclusive_mode(gpus, tmp_path, monkeypatch)
+    locks = tmp_path / 'locks'
     assert d2lpar.exclusive_gpus() == uuids
     run_cells(BASE, SIDE_BY_SIDE)
     assert 'EXCLUSIVE_PROCESS' in capsys.readouterr().out
     users = {p.name: len(p.read_text().split()) for p in locks.iterdir()}
     assert users == {str(i): 2 if i == 0 else 1 for i in range(gpus)}  # the report's child, then one each
+
+
+@pytest.mark.skipif(os.name != 'posix', reason='the stand-in nvidia-smi is a shell script')
+def test_children_that_start_cuda_take_turns_in_exclusive_process_mode(fake_gpus, tmp_path, monkeypatch):
+    """Even if CUDA's start alone claims the GPU (the stand-in assumes it), cells 6 and 10 pass there."""
+    fake_gpus(1, '2.15.0')
+    exclusive_mode(1, tmp_path, monkeypatch)
+    monkeypatch.setenv('FAKE_HOLD', '0.5')  # each start holds the GPU a while: turns are needed
+    turns = 'max_parallel=1 if exclusive else None'
+    # cell 6 less the child that imports d2lpar, which needs the real torch
+    predictions = cell(PREDICTIONS).replace("code=[CHOOSE_5 if m == '0,5' else None for m in masks]", 'code=None')
+    late = cell(LATE_CHILDREN)
+    assert predictions.count(turns) == late.count(turns) == 1
+
+    def run(*sources):
+        namespace = run_cells(BASE)
+        for i, source in enumerate(sources):
+            exec(compile(source, f'<notebook 2, part {i}>', 'exec'), namespace)
+
+    run(predictions, late, cell(TRAP_CHECK))
+    for all_at_once in (
+        [predictions.replace(turns, 'max_parallel=len(masks)')],
+        [predictions, late.replace(turns, 'max_parallel=4')],
+    ):
+        with pytest.raises(RuntimeError, match='busy or unavailable'):  # more than one child starts CUDA
+            run(*all_at_once)
 
 
 @pytest.mark.skipif(os.name != 'posix', reason='the stand-in nvidia-smi is a shell script')
