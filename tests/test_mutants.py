@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from verify.mutants import registry, run, verdicts
-from verify.mutants.plant import Broken
+from verify.mutants.plant import Broken, code_sources
 from verify.mutants.registry import Mutant
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -226,9 +226,8 @@ def checks_in(source):
 
 def checking_cells(nb):
     """Yield (index, source, checks) of each code cell of `nb` that checks something (scripts it writes aside)."""
-    for i, cell in enumerate(nb['cells']):
-        source = ''.join(cell['source'])
-        if cell['cell_type'] == 'code' and not source.startswith('%%writefile'):
+    for i, source in code_sources(nb):
+        if not source.startswith('%%writefile'):
             checks = checks_in(source)
             if checks:
                 yield i, source, checks
