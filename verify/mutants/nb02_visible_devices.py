@@ -135,3 +135,23 @@ MUTANTS += [
         gpus=1,
     ),
 ]
+
+
+# Checks no mutant names yet: each needs a mutant whose `catch` is in its text (then it leaves
+# this list), or the check goes (`run.py --unnamed` lists them).
+UNNAMED_CHECKS = [
+    "assert s['mask'] == mask and s['device_count'] == len(here), (mask, s['device_count'], here)",
+    "assert s['uuids'] == [base['uuids'][p] for p in here], (mask, s['uuids'])  # the GPUs predicted",
+    "assert d2lpar.visible_gpus('0,5', 8) == d2lpar.visible_gpus('0, 5', 8) == [0, 5]",
+    "assert d2lpar.visible_gpus('0,5', 4) == [0]",
+    "assert masks_seen == ['', '', ''], f'the children ended with masks {masks_seen}'",
+    "assert hidden == [False, False], f'set in time, \"\" should hide every GPU; CUDA available: {hidden}'",
+    "assert threads[1] == threads[2], f'libgomp reads OMP_NUM_THREADS at import: threads {threads}'",
+    "assert trap['count_after_setting'] == 0, f\"device_count() said {trap['count_after_setting']}, not 0\"",
+    "assert typo['device_count'] == n_gpus and early['device_count'] == 0, (typo['device_count'], n_gpus)",
+    "assert d2lpar.misspelled_cuda_vars(early['env']) == []",
+    "assert sorted(pci['uuids']) == sorted(base['uuids'])  # the same GPUs, perhaps in another order",
+    "assert pci['uuids'] == smi_uuids, 'PCI_BUS_ID order != nvidia-smi order'",
+    "assert s['report']['device'] == ('cuda:0' if where else 'cpu'), f'mask {mask!r}: {s[\"report\"]}'",
+    "assert s['uuids'] == [base['uuids'][p] for p in where], f'mask {mask!r}: GPUs {s[\"uuids\"]}'",
+]

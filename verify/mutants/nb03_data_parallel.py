@@ -158,3 +158,15 @@ MUTANTS += [
         gpus=2,
     ),
 ]
+
+
+# Checks no mutant names yet: each needs a mutant whose `catch` is in its text (then it leaves
+# this list), or the check goes (`run.py --unnamed` lists them).
+UNNAMED_CHECKS = [
+    "assert shard.shape == other.shape  # the split does not depend on where X was",
+    "assert not torch.allclose(on_cpu(wrong_out), on_cpu(expected_out))",
+    "assert moved.device == target",
+    "assert per_device.shape == (4,)",
+    "assert not torch.isclose(on_cpu(per_device.mean()), on_cpu(full))  # plain mean over uneven shards is off",
+    "assert not torch.allclose(on_cpu(bn_net[1].running_mean), on_cpu(bn_twin[1].running_mean))",
+]

@@ -159,3 +159,20 @@ MUTANTS += [
         catch='assert given == [tuple(X.shape), (len(X), 256)]',
     ),
 ]
+
+
+# Checks no mutant names yet: each needs a mutant whose `catch` is in its text (then it leaves
+# this list), or the check goes (`run.py --unnamed` lists them).
+UNNAMED_CHECKS = [
+    "assert [len(stage) for stage in model.stages] == [5, 4]  # 9 layers: as even as possible",
+    "torch.testing.assert_close(model(X).cpu(), net(X), **exact)",
+    "torch.testing.assert_close(split_grads, expected, **exact)",
+    "torch.testing.assert_close(split_loss, expected_loss, **exact)",
+    "assert abs(sum(group_losses) - expected_loss) < 1e-5",
+    "assert d2lpar.schedule_problems(events, p, m) == []",
+    "assert abs(got_loss - expected_loss) < 1e-5",
+    "assert d2lpar.schedule_problems(events, len(model.stages), chunks) == []",
+    "assert one_thread_loss == threaded_loss",
+    "assert d2lpar.schedule_problems(events, p, m) == []",
+    "assert plans[4, 1024][1] == 1",
+]

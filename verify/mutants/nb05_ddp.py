@@ -125,3 +125,41 @@ MUTANTS = [
         catch="assert deprecated and 'forward_sync_buffers' in inspect.signature(DDP).parameters",
     ),
 ]
+
+
+# Checks no mutant names yet: each needs a mutant whose `catch` is in its text (then it leaves
+# this list), or the check goes (`run.py --unnamed` lists them).
+UNNAMED_CHECKS = [
+    "assert not dist.is_initialized()",
+    "assert defaults == {'gloo': datetime.timedelta(minutes=30), 'nccl': datetime.timedelta(minutes=10)}",
+    "assert child.returncode != 0 and \"Can't get attribute 'hello'\" in error, (child.returncode, error)",
+    "assert [len(s) for s in padded] == [4, 4, 4] and sorted(sum(padded, [])) == sorted(data + [0, 1])",
+    "assert [len(s) for s in dropped] == [3, 3, 3] and sorted(sum(dropped, [])) == list(range(9))",
+    "assert batches == [padded[0][:3]]",
+    "assert [b.tolist() for b in idiom] == batches",
+    "assert not torch.equal(torch.tensor(run[0]['init']), torch.tensor(run[1]['init']))",
+    "assert torch.equal(torch.tensor(run[0]['synced']), torch.tensor(run[1]['synced']))",
+    "assert torch.equal(torch.tensor(run[1]['synced']), torch.tensor(run[0]['init']))",
+    "assert torch.equal(torch.tensor(run[0]['init']), torch.tensor(ref['init']))  # the same start as one process",
+    "assert torch.equal(torch.tensor(run[0]['final']), torch.tensor(run[1]['final']))",
+    "assert run[0]['replica_gap'] == run[1]['replica_gap'] == 0",
+    "torch.testing.assert_close(torch.tensor(run[0]['final']), torch.tensor(ref['final']), **tol)",
+    "assert run[0]['losses'][epoch] == run[1]['losses'][epoch]",
+    "assert abs(run[0]['losses'][epoch] - loss) < 1e-5",
+    "assert ran[0]['replica_gap'] == ran[1]['replica_gap'] == 0",
+    "assert torch.equal(torch.tensor(ran[0]['final']), torch.tensor(run[0]['final']))",
+    "torch.testing.assert_close(torch.tensor(ran[0]['final']), torch.tensor(run[0]['final']), **tol)",
+    "assert torch.equal(torch.cat([p.reshape(-1) for p in state['net'].values()]),",
+    "assert sorted(p.name for p in work.iterdir() if p.name.startswith('ckpt')) == ['ckpt.pt']",
+    "assert sorted(parts[0]['shards']['dropped'] + parts[1]['shards']['dropped']) == list(range(10))",
+    "assert parts[r]['shards']['epoch0'] != parts[r]['shards']['epoch1']",
+    "torch.testing.assert_close(torch.tensor(parts[0]['mean']), X.mean(0), **tol)",
+    "torch.testing.assert_close(torch.tensor(parts[1]['var']), X.var(0, unbiased=False), **tol)",
+    "assert not torch.allclose(local_only, Y[:len(parts[0]['X'])], atol=1e-2)",
+    "assert parts[0]['converted'] == ['Linear', 'SyncBatchNorm']",
+    "assert ran == ([0, 1] if parts[0]['backend'] == 'nccl' else [])",
+    "assert all(parts[r]['syncbn']['error'].startswith('ValueError') for r in (0, 1) if r not in ran)",
+    "torch.testing.assert_close(torch.tensor(parts[0]['syncbn']['eval']),",
+    "torch.testing.assert_close(got, rows, **tol, msg=lambda m: f'rank {r}, {name}: {m}')",
+    "assert parts[0]['unused_error'] is not None and parts[0]['unused_error_with_find'] is None",
+]

@@ -169,3 +169,33 @@ MUTANTS += [
         gpus=2,
     ),
 ]
+
+
+# Checks no mutant names yet: each needs a mutant whose `catch` is in its text (then it leaves
+# this list), or the check goes (`run.py --unnamed` lists them).
+UNNAMED_CHECKS = [
+    "assert res['local_rank_env'] == str(r) and res['total'] == 3.0",
+    "assert [line.split(':')[0] for line in standalone.output[0] if 'loss' in line] == ['epoch 0', 'epoch 1']",
+    "assert {two[r]['world_size'] for r in (0, 1)} == {2}",
+    "assert two[0]['replica_gap'] == two[1]['replica_gap'] == 0  # replicas identical at the end",
+    "assert torch.equal(torch.tensor(two[0]['final']), torch.tensor(two[1]['final']))",
+    "assert {(e.world_size, e.local_world_size, e.master_addr) for e in mapped} == {(4, 2, 'gpu03')}",
+    "assert defaults == {'gloo': datetime.timedelta(minutes=30), 'nccl': datetime.timedelta(minutes=10)}",
+    "assert absent.first_failure == 0  # the rank that waited, not the one that hung",
+    "assert waited < 100  # seconds, where the default would have kept rank 0 waiting 30 minutes",
+    "assert all('[3]' in m and '[4]' in m for m in mismatch)  # every rank learns both shapes",
+    "assert report[1]['barrier'] is None  # rank 1 was late, not failing",
+    "assert wrong.exits[first]['how'] == 'error'  # the rank failed, it was not killed",
+    "assert any('hello_dist.py' in line for line in root)  # the script's own line, in torchrun's report",
+    "assert sorted(files) == ['0', '1'] and all('all_reduce gave 3' in t for t in files.values())",
+    "assert sorted(p.name for p in work.iterdir()",
+    "assert {r: done[r]['attempt'] for r in (0, 1)} == {0: 1, 1: 1}  # finished on the 2nd attempt",
+    "assert any('killed at the end of epoch 2' in line for line in restarted.output[0])",
+    "assert all(done[r]['store_kept_last_attempt'] for r in (0, 1))  # attempt 0's keys were still there",
+    "assert torch.equal(torch.tensor(done[0]['final']), torch.tensor(done[1]['final']))",
+    "assert torch.equal(torch.tensor(done[0]['final']), torch.tensor(two[0]['final']))  # == the uninterrupted run",
+    "assert loss == two[0]['losses'][epoch]",
+    "assert sorted(p.name for p in work.iterdir()",
+    "assert all(snippet_errors[k].startswith('NameError') for k in ('environ', 'prot/port', 'word_size'))",
+    "assert len(digits) < 5 and d2lpar.distributed.expand_nodelist('gpu[03-05,07]')[0] == 'gpu03'",
+]

@@ -173,3 +173,21 @@ MUTANTS += [
         catch='torch.testing.assert_close(1e4 * scores[0.01], scores[0.1])',
     ),
 ]
+
+
+# Checks no mutant names yet: each needs a mutant whose `catch` is in its text (then it leaves
+# this list), or the check goes (`run.py --unnamed` lists them).
+UNNAMED_CHECKS = [
+    "assert all(q.device == device and q.is_leaf and q.requires_grad and q.grad is None for q in replica)",
+    "torch.testing.assert_close(p.grad, 2 * ref.grad)  # every gradient doubled",
+    "torch.testing.assert_close(a.grad, ref.grad)",
+    "torch.testing.assert_close(b.grad, a.grad, rtol=0, atol=0)",
+    "assert len(parts) == 3  # one slot left idle",
+    "assert abs(sum(h.mean() for h in halves) / 2 - per_example.mean()) > 1e-3",
+    "assert largest_difference(device_params[0], replica) == 0",
+    "assert not torch.equal(q, p0)  # the step moved every tensor",
+    "assert worst32 < 1e-4 * moved32  # rounding, far below the step itself",
+    "assert largest_difference(two.device_params[0], replica) == 0",
+    "assert sum(at_chance) >= len(at_chance) / 2  # at chance for at least half of what we watched",
+    "assert any(acc >= 0.2 for i, acc in curves[0.1] if i <= 30)",
+]

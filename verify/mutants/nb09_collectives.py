@@ -112,3 +112,22 @@ MUTANTS = [
         catch="assert mini[0]['allreduce_calls'][f'MiniDDP {cap:g} MB'] == len(layouts[cap])",
     ),
 ]
+
+
+# Checks no mutant names yet: each needs a mutant whose `catch` is in its text (then it leaves
+# this list), or the check goes (`run.py --unnamed` lists them).
+UNNAMED_CHECKS = [
+    "assert report[1]['received'] == [0.0, 1.0, 2.0, 3.0] and sorted(report[0]['senders']) == [1, 2]",
+    "assert all(report[r]['ring']['got'] == [float((r - 1) % 3)] * 3 for r in range(3))",
+    "assert all(h == set(range(n)) for row in held for h in row)  # then everyone has everything",
+    "assert allreduce_cost('naive', n, 0, 1, latency=1) == naive['messages']  # 2(n-1), one by one",
+    "assert allreduce_cost('naive', n, S, 1) == naive['sent'] + naive['received']  # receive, then send",
+    "assert allreduce_cost('ring', n, 0, 1, latency=1) == ring['messages'] / 2  # send and receive at once",
+    "assert all(r['traffic']['ring'] == ring for r in reports.values())  # the ring loads every rank alike",
+    "assert all(r['fingerprint'] == reports[0]['fingerprint'] for r in reports.values())",
+    "assert bucketed[0]['backend'] == backend",
+    "assert bucketed[0]['allreduce_calls']['HookDDP'] == 6  # one per parameter tensor",
+    "assert bucketed[0]['buckets'][f'BucketDDP {cap:g} MB'] == layouts[cap]",
+    "assert bucketed[0]['allreduce_calls'][f'BucketDDP {cap:g} MB'] == len(layouts[cap])",
+    "assert [i for bucket in rebuilt for i in bucket] == order  # the buckets follow the arrival",
+]

@@ -127,3 +127,13 @@ MUTANTS += [
         catch="d2lpar.write_next(work / 'train_zero.py', work / 'measure_zero.py'",
     ),
 ]
+
+
+# Checks no mutant names yet: each needs a mutant whose `catch` is in its text (then it leaves
+# this list), or the check goes (`run.py --unnamed` lists them).
+UNNAMED_CHECKS = [
+    "assert model_state_bytes('ddp', P, N, **mixed) == 16 * P",
+    "assert model_state_bytes('zero1', P, N, **mixed) == (4 + 12 / N) * P",
+    "assert model_state_bytes('zero3', P, N, **mixed) == 16 / N * P",
+    "assert mem.peak > after",
+]

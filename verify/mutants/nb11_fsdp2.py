@@ -142,3 +142,19 @@ MUTANTS = [
         catch=RESUME,
     ),
 ]
+
+
+# Checks no mutant names yet: each needs a mutant whose `catch` is in its text (then it leaves
+# this list), or the check goes (`run.py --unnamed` lists them).
+UNNAMED_CHECKS = [
+    "assert res['True']['backward'] == res['2']['backward'] == 6 and res['False']['backward'] == 0",
+    "assert all(res['None'][k] == res['True'][k] for k in same), {k: (res['None'][k], res['True'][k]) for k in same}",
+    "assert res['False']['between'] - res['True']['between'] == 4 * P",
+    "assert res['2']['between'] - res['True']['between'] == 4 * P / 2",
+    "assert zero3 <= res['True']['peak'] <= zero3 + 5 * layer_bytes",
+    "assert res['True']['peak'] < res['2']['peak'] < res['False']['peak']",
+    "assert abs(res['True']['peak'] - res['hand ZeRO-3']['peak']) < layer_bytes  # FSDP2 is ZeRO-3",
+    "assert ac['none']['peak'] > ac['selective']['peak'] > ac['full']['peak']",
+    "assert ac['full']['ops']['addmm'] == 24 and ac['selective']['ops']['gelu'] > 12",
+    "assert all(torch.allclose(a, b) for a, b in zip(ac[mode]['grads'], ac['none']['grads']))",
+]

@@ -134,3 +134,14 @@ MUTANTS = [
         catch="assert r['sp']['partial'] > 0.1  # before sum_replicated_grads",
     ),
 ]
+
+
+# Checks no mutant names yet: each needs a mutant whose `catch` is in its text (then it leaves
+# this list), or the check goes (`run.py --unnamed` lists them).
+UNNAMED_CHECKS = [
+    "torch.testing.assert_close(sum(partials) + b2, mlp(X))  # summed, and the bias added once",
+    "torch.testing.assert_close(sum(partials) + attention.out.bias, attention(tokens))",
+    "assert r['overlap_equal']  # torch.equal on every gradient",
+    "assert max(r['megatron'][k] for k in ('out', 'x_grad', 'grads')) < 1e-5  # Megatron, on 4 ranks too",
+    "assert r['saved']['TP+SP'] < r['saved']['TP']",
+]

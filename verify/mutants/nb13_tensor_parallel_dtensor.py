@@ -62,3 +62,17 @@ MUTANTS = [
         catch='assert all(0 < v < 1 for v in mfu.values())',
     ),
 ]
+
+
+# Checks no mutant names yet: each needs a mutant whose `catch` is in its text (then it leaves
+# this list), or the check goes (`run.py --unnamed` lists them).
+UNNAMED_CHECKS = [
+    "assert dt[0]['tp']['collectives'] == {'all_reduce': 6}",
+    "assert dt[0]['sp']['collectives'] == {'all_gather_into_tensor': 4, 'reduce_scatter_tensor': 4}",
+    "assert dt[0]['sp']['norm_grad'] == '(Partial(sum),)'",
+    "assert abs(lp['loss'] - lp['want']) < 1e-5 and lp['grads'] < 1e-5 and lp['local'] == [4, 8, 64 // 2], lp",
+    "assert t['NVLink']['DP'] < backward < t['Ethernet']['DP']",
+    "assert t['NVLink']['FSDP'] / 3 < forward and 2 * t['NVLink']['FSDP'] / 3 < backward < 2 * t['Ethernet']['FSDP'] / 3",
+    "assert t['NVLink']['TP'] / 2 < window",
+    "assert t['Ethernet']['PP'] / 2 / 8 < stage_forward",
+]

@@ -217,3 +217,17 @@ MUTANTS = [
         catch='assert 0 < saved < reported',
     ),
 ]
+
+
+# Checks no mutant names yet: each needs a mutant whose `catch` is in its text (then it leaves
+# this list), or the check goes (`run.py --unnamed` lists them).
+UNNAMED_CHECKS = [
+    "assert all(abs(p['sent'][k] - r['sent'][k]) <= 1e-9 * r['sent'][k] for k in r['sent'])",
+    "assert p['hardware_flops'] == r['flops'], (p['hardware_flops'], r['flops'])",
+    "assert abs(error) < 1e-3, error  # what it leaves out: the norms' fp32 statistics",
+    "assert p['hardware_flops'] == r['flops'] and abs(p['peak'] / r['peak']['total'] - 1) < 1e-3, ac",
+    "assert p1['memory']['loss'] < head < 1.5 * p1['memory']['loss']  # where the predictor is blind, bounded",
+    "assert published[8]['tps'] <= ceiling['tps']  # no run beats the MAMF ceiling",
+    "assert all(real[r]['calls'] == local['calls'] for r in range(n)), (real[0]['calls'], local['calls'])",
+    "assert abs(predicted / fit[0]['peak'] - 1) < 1e-3  # what it leaves out: the norms' fp32 statistics",
+]

@@ -11,8 +11,11 @@ match, else BROKEN: a stale mutant is a failure too), keep the notebook only up
 to the cell that contains `catch`, and run it as the test suite does (pytest with
 nbval, `-x`, the copy's conftest and PYTHONPATH). Verdicts:
 
-  CAUGHT           the cell that contains `catch` failed (or, with `run`, the named test)
-  CAUGHT-ELSEWHERE something failed, but another cell or test: the registry points at the wrong check
+  CAUGHT           the cell that contains `catch` failed (or, with `run`, the named test); when
+                   `catch` is text of one of the cell's checks (an assert, an assert_close), that
+                   very check failed
+  CAUGHT-ELSEWHERE something failed, but another cell, check or test: the registry points at the
+                   wrong check
   SURVIVED         nothing failed: the check cannot see this bug
   BROKEN           the mutant no longer applies, or pytest itself could not run it
   CONTROL-FAILED   (--control) the unmutated notebook fails at that cell too, so the failure proves nothing
@@ -43,6 +46,7 @@ if str(ROOT) not in sys.path:
 
 # The pieces, one idea each: plant.py (the copy and the planted bug), running.py (pytest in the
 # copy), verdicts.py (one mutant's row), exercise_rows.py (the checkers' wrong answers).
+from verify.mutants.checks import unnamed_checks  # noqa: E402
 from verify.mutants.exercise_rows import checker_of, exercise_chapters, exercise_rows  # noqa: E402,F401
 from verify.mutants.plant import Broken, catch_cell, notebook_path, plant, truncate  # noqa: E402
 from verify.mutants.registry import load  # noqa: E402
@@ -66,7 +70,8 @@ def print_row(row, lock=threading.Lock()):
 def select(mutants, quick=False, only=None, gpu_only=False):
     chosen = [m for m in mutants if (not quick or m.quick) and (not gpu_only or m.gpus)]
     if only:
-        chosen = [m for m in chosen if m.name == only or m.notebook.startswith(only) or only in m.notebook]
+        wanted = only.split(',')
+        chosen = [m for m in chosen if any(m.name == w or m.notebook.startswith(w) or w in m.notebook for w in wanted)]
     return chosen
 
 
@@ -123,7 +128,7 @@ def check_all(mutants, root=ROOT):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--quick', action='store_true', help='only the fast subset CI runs')
-    parser.add_argument('--only', help='a mutant name, or a notebook (prefix such as 08)')
+    parser.add_argument('--only', help='mutant names or notebooks (prefixes such as 08), comma-separated')
     parser.add_argument('-j', type=int, default=1, help='mutants run at a time (default 1)')
     parser.add_argument('--gpu-only', action='store_true', help='only the mutants whose check needs a GPU')
     parser.add_argument('--list', action='store_true', help='list the mutants and exit')
@@ -134,11 +139,19 @@ def main(argv=None):
         '--check', action='store_true', help='only check that each mutant applies and names one cell (no runs)'
     )
     parser.add_argument(
+        '--unnamed', action='store_true', help="list the notebooks' checks that no mutant's catch names, and exit"
+    )
+    parser.add_argument(
         '--no-exercises', action='store_true', help="leave out the exercise checkers' wrong-answer rows"
     )
     args = parser.parse_args(argv)
 
     mutants = select(load(), args.quick, args.only, args.gpu_only)
+    if args.unnamed:
+        paths = sorted((ROOT / 'notebooks').glob('[0-9][0-9]_*.ipynb'))
+        unnamed = unnamed_checks(load(), [p for p in paths if not args.only or p.stem.startswith(args.only)])
+        print('\n'.join(unnamed + [f'{len(unnamed)} checks no mutant names']))
+        return 0
     if args.list:
         for m in mutants:
             tag = 'quick' if m.quick else (f'{m.gpus} GPU' if m.gpus else '')

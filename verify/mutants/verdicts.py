@@ -8,6 +8,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from verify.mutants.checks import named_check
 from verify.mutants.plant import Broken, code_sources, copy_repo, notebook_path, plant, truncate
 from verify.mutants.running import CELL_TIMEOUT, failing_line, first_failure, pytest, tail
 
@@ -44,6 +45,17 @@ def run_mutant(mutant, root=ROOT, scratch=None, control=False):
             where, error = failing_line(failed[3])
             cell = int(failed[1].split()[1]) if failed[1].startswith('Cell ') else None
             shown = f'{where}  [{error}]' if error else where
+            named = named_check(code_sources(json.loads((copy / nb).read_text()))[number][1], mutant.catch)
+            if cell == number and named is not None and where not in named:
+                verdict = 'FAILED' if control else 'CAUGHT-ELSEWHERE'
+                return Row(
+                    mutant.notebook,
+                    mutant.claim,
+                    label,
+                    verdict,
+                    f'[{index}] (not the check `catch` names) {shown}',
+                    time.monotonic() - start,
+                )
             if cell == number:
                 verdict = 'FAILED' if control else 'CAUGHT'
                 return Row(
