@@ -187,5 +187,8 @@ MUTANTS = [
 # Checks no mutant names yet: each needs a mutant whose `catch` is in its text (then it leaves
 # this list), or the check goes (`run.py --unnamed` lists them).
 UNNAMED_CHECKS = [
+    # At the small workload's lengths (256-1024) a ring rank whose memory grows as S^2 fails
+    # `ring < full / n` first whenever it fails this; at the full lengths (512-8192) a rank that keeps
+    # the whole S x S mask fails only this check, so it stays.
     "assert growth_full > 3.5 and growth_ring < 3",
 ]
