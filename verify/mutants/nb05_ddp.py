@@ -344,11 +344,20 @@ MUTANTS = [
         catch="torch.testing.assert_close(torch.tensor(ran[0]['final']), torch.tensor(run[0]['final'])",
         gpus=2,
     ),
+    Mutant(
+        'syncbn-synchronises-a-group-of-one',
+        NB,
+        'nn.SyncBatchNorm normalises over the global batch (nccl)',
+        'notebooks/scripts/ddp_anatomy.py',
+        old='    sbn = nn.SyncBatchNorm(4, affine=False).to(device)',
+        new='    sbn = nn.SyncBatchNorm(4, affine=False,  # each rank in a group of its own, as one per node\n'
+        '                           process_group=dist.new_subgroups(group_size=1)[0]).to(device)',
+        catch="torch.testing.assert_close(got, rows, **tol, msg=lambda m: f'rank {r}, {name}: {m}')",
+        gpus=2,
+    ),
 ]
 
 
 # Checks no mutant names yet: each needs a mutant whose `catch` is in its text (then it leaves
 # this list), or the check goes (`run.py --unnamed` lists them).
-UNNAMED_CHECKS = [
-    "torch.testing.assert_close(got, rows, **tol, msg=lambda m: f'rank {r}, {name}: {m}')",
-]
+UNNAMED_CHECKS = []
