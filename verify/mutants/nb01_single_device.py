@@ -116,11 +116,19 @@ MUTANTS += [
         catch='assert grown >= 4 * 2**20 and torch.cuda.memory_allocated(device) == before',
         gpus=1,
     ),
+    Mutant(
+        'copy-left-on-the-source',
+        NB,
+        'X.to(device) puts the copy on that device',
+        FILE,
+        old='X_dst = X_src.to(dst)',
+        new='X_dst = X_src.to(src)',
+        catch="assert [X_src.get_device(), X_dst.get_device()] == [-1 if d.type == 'cpu' else d.index",
+        gpus=1,
+    ),
 ]
 
 
 # Checks no mutant names yet: each needs a mutant whose `catch` is in its text (then it leaves
 # this list), or the check goes (`run.py --unnamed` lists them).
-UNNAMED_CHECKS = [
-    "assert [X_src.get_device(), X_dst.get_device()] == [-1 if d.type == 'cpu' else d.index",
-]
+UNNAMED_CHECKS = []
