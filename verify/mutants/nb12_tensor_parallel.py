@@ -133,15 +133,47 @@ MUTANTS = [
         new='+    tp.sum_replicated_grads(sp)\n+    partial = sp.norm1.weight.grad.clone()\n',
         catch="assert r['sp']['partial'] > 0.1  # before sum_replicated_grads",
     ),
+    Mutant(
+        name='row-blocks-paired-with-the-wrong-hidden-block',
+        notebook=NB,
+        claim="the row-parallel blocks' partial outputs, summed with the bias once, are the unsplit MLP's",
+        target=TARGET,
+        old='partials = [H @ W.T for H, W in zip(hidden, W2.chunk(n, dim=1))]',
+        new='partials = [H @ W.T for H, W in zip(hidden, W2.chunk(n, dim=1)[::-1])]',
+        catch='torch.testing.assert_close(sum(partials) + b2, mlp(X))',
+    ),
+    Mutant(
+        name='heads-read-another-ranks-values',
+        notebook=NB,
+        claim="heads split over ranks, partial outputs summed, are the unsplit attention",
+        target=TARGET,
+        old='zip(q.chunk(n, -1), k.chunk(n, -1), v.chunk(n, -1))]',
+        new='zip(q.chunk(n, -1), k.chunk(n, -1), v.chunk(n, -1)[::-1])]',
+        catch='torch.testing.assert_close(sum(partials) + attention.out.bias, attention(tokens))',
+    ),
+    Mutant(
+        name='overlap-reduces-a-copy',
+        notebook=NB,
+        claim="overlapped, f's backward returns the same sum as the synchronous one",
+        target=TARGET,
+        old='        work = dist.all_reduce(grad_X, async_op=True)  # sum the terms; returns at once\n',
+        new='        work = dist.all_reduce(grad_X.clone() if ctx.overlap else grad_X, async_op=True)\n',
+        catch="assert r['overlap_equal']  # torch.equal on every gradient",
+    ),
+    Mutant(
+        name='column-blocks-indexed-as-on-two-ranks',
+        notebook=NB,
+        claim="Megatron's block = one process on 4 ranks too (a split right only on two)",
+        target=TARGET,
+        old='        self.weight = nn.Parameter(linear.weight.detach().chunk(n, dim=0)[rank].clone())\n'
+        '        self.bias = nn.Parameter(linear.bias.detach().chunk(n)[rank].clone())\n',
+        new='        self.weight = nn.Parameter(linear.weight.detach().chunk(n, dim=0)[rank % 2].clone())\n'
+        '        self.bias = nn.Parameter(linear.bias.detach().chunk(n)[rank % 2].clone())\n',
+        catch="assert max(r['megatron'][k] for k in ('out', 'x_grad', 'grads')) < 1e-5  # Megatron, on 4 ranks too",
+    ),
 ]
 
 
 # Checks no mutant names yet: each needs a mutant whose `catch` is in its text (then it leaves
 # this list), or the check goes (`run.py --unnamed` lists them).
-UNNAMED_CHECKS = [
-    "torch.testing.assert_close(sum(partials) + b2, mlp(X))  # summed, and the bias added once",
-    "torch.testing.assert_close(sum(partials) + attention.out.bias, attention(tokens))",
-    "assert r['overlap_equal']  # torch.equal on every gradient",
-    "assert max(r['megatron'][k] for k in ('out', 'x_grad', 'grads')) < 1e-5  # Megatron, on 4 ranks too",
-    "assert r['saved']['TP+SP'] < r['saved']['TP']",
-]
+UNNAMED_CHECKS = []
