@@ -47,7 +47,7 @@ MUTANTS = [
         old="        fully_shard(block, mesh=mesh, **kwargs)",
         new="        fully_shard(block, mesh=mesh, **{k: v for k, v in kwargs.items()\n"
         "                                         if k != 'reshard_after_forward'})",
-        catch="    assert res[setting]['forward'] == 6 and res[setting]['reduce_scatters'] == 6",
+        catch="assert res['True']['backward'] == res['2']['backward'] == 6 and res['False']['backward'] == 0",
     ),
     Mutant(
         'fsdp-reduce-in-bf16',
@@ -117,11 +117,11 @@ MUTANTS = [
     Mutant(
         'selective-checkpoint-keeps-nothing',
         NB,
-        'selective checkpointing reruns no matrix product',
+        'selective checkpointing holds less than none, more than full',
         TARGET,
         old="        return CheckpointPolicy.MUST_SAVE",
         new="        return CheckpointPolicy.PREFER_RECOMPUTE",
-        catch="assert ac['none']['ops']['addmm'] == ac['selective']['ops']['addmm'] == 12",
+        catch="assert ac['none']['peak'] > ac['selective']['peak'] > ac['full']['peak']",
     ),
     Mutant(
         'resume-checkpoint-not-loaded',
@@ -141,20 +141,74 @@ MUTANTS = [
         new="train(net, opt, data[1:2])  # the step already taken",
         catch=RESUME,
     ),
+    Mutant(
+        name='blocks-never-wrapped',
+        notebook=NB,
+        claim='one FSDP unit per block: 6 all-gathers forward, 6 reduce-scatters, whatever the setting',
+        target=TARGET,
+        old='    for block in blocks:\n        fully_shard(block, mesh=mesh, **kwargs)\n',
+        new='    pass  # the blocks not wrapped: the root is the only FSDP unit\n',
+        catch="    assert res[setting]['forward'] == 6 and res[setting]['reduce_scatters'] == 6",
+    ),
+    Mutant(
+        name='between-read-as-the-peak',
+        notebook=NB,
+        claim='reshard_after_forward=False holds every parameter whole between the passes (4P bytes more)',
+        target=TARGET,
+        old="forward, between = gathers(comm, 'allgather'), mem.bytes()",
+        new="forward, between = gathers(comm, 'allgather'), mem.peak",
+        catch="assert res['False']['between'] - res['True']['between'] == 4 * P",
+    ),
+    Mutant(
+        name='zero3-formula-keeps-whole-parameters',
+        notebook=NB,
+        claim="FSDP2's peak = the ZeRO-3 formula plus a few layers in flight",
+        target='d2lpar/lessons/nb10_zero.py',
+        old="'zero3': (n, n, n)}",
+        new="'zero3': (1, n, n)}",
+        catch="assert zero3 <= res['True']['peak'] <= zero3 + 5 * layer_bytes",
+    ),
+    Mutant(
+        name='hand-zero3-keeps-gathered-parameters',
+        notebook=NB,
+        claim="FSDP2's peak = hand ZeRO-3's, within a layer",
+        target='d2lpar/lessons/nb10_zero.py',
+        old='                layer.register_forward_hook(lambda m, args, out: self.free(m))\n',
+        new='',
+        catch="assert abs(res['True']['peak'] - res['hand ZeRO-3']['peak']) < layer_bytes",
+    ),
+    Mutant(
+        name='selective-keeps-the-gelus-not-the-products',
+        notebook=NB,
+        claim='selective checkpointing reruns no matrix product',
+        target=TARGET,
+        old='    if op in (torch.ops.aten.addmm.default, torch.ops.aten.mm.default):\n',
+        new='    if op in (torch.ops.aten.gelu.default,):\n',
+        catch="assert ac['none']['ops']['addmm'] == ac['selective']['ops']['addmm'] == 12",
+    ),
+    Mutant(
+        name='full-checkpoint-skips-the-last-block',
+        notebook=NB,
+        claim="full checkpointing reruns every block's forward (twice the products)",
+        target=TARGET,
+        old='    return nn.Sequential(*map(wrap, net))',
+        new='    return nn.Sequential(*map(wrap, net[:-1]), net[-1])',
+        catch="assert ac['full']['ops']['addmm'] == 24 and ac['selective']['ops']['gelu'] > 12",
+    ),
 ]
 
 
 # Checks no mutant names yet: each needs a mutant whose `catch` is in its text (then it leaves
 # this list), or the check goes (`run.py --unnamed` lists them).
 UNNAMED_CHECKS = [
-    "assert res['True']['backward'] == res['2']['backward'] == 6 and res['False']['backward'] == 0",
+    # torch's own rule, for this model (the root holds no parameters): None acts as True on every
+    # block; shard_blocks passes the setting to the blocks only, so no bug of the course's reaches it.
     "assert all(res['None'][k] == res['True'][k] for k in same), {k: (res['None'][k], res['True'][k]) for k in same}",
-    "assert res['False']['between'] - res['True']['between'] == 4 * P",
+    # reshard_after_forward=2 (an int: a copy sharded over 2 ranks) is torch's; a bug that changes
+    # what the script measures fails the False check just before it first.
     "assert res['2']['between'] - res['True']['between'] == 4 * P / 2",
-    "assert zero3 <= res['True']['peak'] <= zero3 + 5 * layer_bytes",
     "assert res['True']['peak'] < res['2']['peak'] < res['False']['peak']",
-    "assert abs(res['True']['peak'] - res['hand ZeRO-3']['peak']) < layer_bytes  # FSDP2 is ZeRO-3",
-    "assert ac['none']['peak'] > ac['selective']['peak'] > ac['full']['peak']",
-    "assert ac['full']['ops']['addmm'] == 24 and ac['selective']['ops']['gelu'] > 12",
+    # checkpointing changes no gradient: torch's; every bug of the wrappers tried changes the
+    # products counted first.
     "assert all(torch.allclose(a, b) for a, b in zip(ac[mode]['grads'], ac['none']['grads']))",
 ]
