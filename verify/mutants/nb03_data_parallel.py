@@ -59,7 +59,7 @@ MUTANTS = [
         FILE,
         old='    for t in threads:\n        t.start()\n    for t in threads:\n        t.join()',
         new='    for t in threads:\n        t.start()\n        t.join()',
-        catch='assert barrier.broken is False',
+        catch='met = parallel_apply(replicate(MeetTheOthers(), devices)',  # the barrier times out: parallel_apply raises
     ),
     Mutant(
         'shards-out-of-order',
@@ -160,13 +160,72 @@ MUTANTS += [
 ]
 
 
+# Per-check mutants (issue 33): each fails its named check first.
+MUTANTS += [
+    Mutant(
+        'gru-split-over-one-slot',
+        NB,
+        'splitting a GRU along time (dim=0) changes its output',
+        FILE,
+        old='wrong_out, _ = HandDataParallel(gru, devices, dim=0)(seq)',
+        new='wrong_out, _ = HandDataParallel(gru, devices[:1], dim=0)(seq)',
+        catch='assert not torch.allclose(on_cpu(wrong_out), on_cpu(expected_out))',
+    ),
+    Mutant(
+        'scalar-outputs-summed',
+        NB,
+        'a scalar per replica is gathered as one entry per device',
+        FILE,
+        old='return torch.stack([o.to(output_device) for o in outputs])',
+        new='return sum(o.to(output_device) for o in outputs)',
+        catch='assert per_device.shape == (4,)',
+    ),
+    Mutant(
+        'loss-demo-batch-divides-evenly',
+        NB,
+        'the plain mean is off only because the shards are uneven',
+        FILE,
+        old='X10, y10 = torch.randn(10, 1, 28, 28), torch.randint(0, 10, (10,))',
+        new='X10, y10 = torch.randn(12, 1, 28, 28), torch.randint(0, 10, (12,))',
+        catch='assert not torch.isclose(on_cpu(per_device.mean()), on_cpu(full))',
+    ),
+    Mutant(
+        'batchnorm-twin-not-copied',
+        NB,
+        "the wrapped network keeps replica 0's running statistics, not the batch's",
+        FILE,
+        old='bn_twin = copy.deepcopy(bn_net)',
+        new='bn_twin = bn_net',
+        catch='assert not torch.allclose(on_cpu(bn_net[1].running_mean), on_cpu(bn_twin[1].running_mean))',
+    ),
+]
+
+# Checks that only GPUs can fail: on CPU slots every device is the CPU, so where the batch
+# was and which slot is the output device make no difference.
+MUTANTS += [
+    Mutant(
+        'batch-on-a-gpu-broadcast',
+        NB,
+        'the split does not depend on where the batch was',
+        FILE,
+        old='parts = arg.chunk(len(devices), dim)',
+        new='parts = [arg] * len(devices) if arg.is_cuda else arg.chunk(len(devices), dim)',
+        catch='assert shard.shape == other.shape',
+        gpus=1,
+    ),
+    Mutant(
+        'output-device-ignored',
+        NB,
+        'the output lands on output_device',
+        FILE,
+        old='self.output_device = devices[0] if output_device is None else output_device',
+        new='self.output_device = devices[0]',
+        catch='assert moved.device == target',
+        gpus=2,
+    ),
+]
+
+
 # Checks no mutant names yet: each needs a mutant whose `catch` is in its text (then it leaves
 # this list), or the check goes (`run.py --unnamed` lists them).
-UNNAMED_CHECKS = [
-    "assert shard.shape == other.shape  # the split does not depend on where X was",
-    "assert not torch.allclose(on_cpu(wrong_out), on_cpu(expected_out))",
-    "assert moved.device == target",
-    "assert per_device.shape == (4,)",
-    "assert not torch.isclose(on_cpu(per_device.mean()), on_cpu(full))  # plain mean over uneven shards is off",
-    "assert not torch.allclose(on_cpu(bn_net[1].running_mean), on_cpu(bn_twin[1].running_mean))",
-]
+UNNAMED_CHECKS = []
