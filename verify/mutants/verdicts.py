@@ -46,31 +46,14 @@ def run_mutant(mutant, root=ROOT, scratch=None, control=False):
             cell = int(failed[1].split()[1]) if failed[1].startswith('Cell ') else None
             shown = f'{where}  [{error}]' if error else where
             named = named_check(code_sources(json.loads((copy / nb).read_text()))[number][1], mutant.catch)
-            if cell == number and named is not None and where not in named:
-                verdict = 'FAILED' if control else 'CAUGHT-ELSEWHERE'
-                return Row(
-                    mutant.notebook,
-                    mutant.claim,
-                    label,
-                    verdict,
-                    f'[{index}] (not the check `catch` names) {shown}',
-                    time.monotonic() - start,
-                )
-            if cell == number:
-                verdict = 'FAILED' if control else 'CAUGHT'
-                return Row(
-                    mutant.notebook, mutant.claim, label, verdict, f'[{index}] {shown}', time.monotonic() - start
-                )
-            at = code_index_to_cell(copy / nb, cell)
-            verdict = 'FAILED' if control else 'CAUGHT-ELSEWHERE'
-            return Row(
-                mutant.notebook,
-                mutant.claim,
-                label,
-                verdict,
-                f'[{at}] (not [{index}]) {shown}',
-                time.monotonic() - start,
-            )
+            if cell == number and (named is None or where in named):
+                verdict, check = 'CAUGHT', f'[{index}] {shown}'
+            elif cell == number:
+                verdict, check = 'CAUGHT-ELSEWHERE', f'[{index}] (not the check `catch` names) {shown}'
+            else:
+                verdict, check = 'CAUGHT-ELSEWHERE', f'[{code_index_to_cell(copy / nb, cell)}] (not [{index}]) {shown}'
+            verdict = 'FAILED' if control else verdict
+            return Row(mutant.notebook, mutant.claim, label, verdict, check, time.monotonic() - start)
         code, cases, out = pytest(copy, [mutant.run], f'{base.name}-{os.getpid()}', timeout=CELL_TIMEOUT * 4)
         failed = first_failure(cases)
         if failed is None:
