@@ -31,10 +31,15 @@ def check_spans(source):
     return sorted(set(spans))
 
 
+def check_lines(source):
+    """Return the lines of each check the cell runs, as written, one list per check."""
+    lines = source.splitlines()
+    return [lines[first - 1 : last] for first, last in check_spans(source)]
+
+
 def checks_in(source):
     """Return the first line of each check the cell runs, stripped."""
-    lines = source.splitlines()
-    return [lines[first - 1].strip() for first, _ in check_spans(source)]
+    return [check[0].strip() for check in check_lines(source)]
 
 
 def named_check(source, catch):
@@ -43,12 +48,8 @@ def named_check(source, catch):
     A `catch` inside a check names that check: the mutant is caught only when that check fails.
     A `catch` that names a cell by other text is caught by any failure in the cell.
     """
-    lines = source.splitlines()
-    for first, last in check_spans(source):
-        text = lines[first - 1 : last]
-        if catch in '\n'.join(text):
-            return [ln.strip() for ln in text]
-    return None
+    found = next((check for check in check_lines(source) if catch in '\n'.join(check)), None)
+    return None if found is None else [ln.strip() for ln in found]
 
 
 def unnamed_checks(mutants, notebooks):
@@ -62,8 +63,7 @@ def unnamed_checks(mutants, notebooks):
         for _, source in code_sources(json.loads(path.read_text())):
             if source.startswith('%%writefile'):
                 continue
-            lines = source.splitlines()
-            for first, last in check_spans(source):
-                if not any(c in '\n'.join(lines[first - 1 : last]) for c in catches):
-                    found.append(f'{path.stem}: {lines[first - 1].strip()}')
+            for check in check_lines(source):
+                if not any(c in '\n'.join(check) for c in catches):
+                    found.append(f'{path.stem}: {check[0].strip()}')
     return found

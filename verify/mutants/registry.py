@@ -47,22 +47,25 @@ def unnamed_allowed(folder=HERE):
     Those are the checks no mutant names yet (`run.py --unnamed` finds them): a known gap, kept
     in view, that may only shrink; a new check without its mutant fails tests/test_mutants.py.
     """
-    found = {}
-    for path in sorted(Path(folder).glob('nb[0-9][0-9]_*.py')):
-        spec = importlib.util.spec_from_file_location(f'_unnamed_{path.stem}', path)
+    return {
+        path.stem[len('nb') :]: list(getattr(module, 'UNNAMED_CHECKS', ()))
+        for path, module in modules(folder, 'nb[0-9][0-9]_*.py')
+    }
+
+
+def modules(folder, pattern):
+    """Yield (path, module) of each file of `folder` matching `pattern`, in name order, freshly loaded."""
+    for path in sorted(Path(folder).glob(pattern)):
+        spec = importlib.util.spec_from_file_location(f'_mutants_{path.stem}', path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        found[path.stem[len('nb') :]] = list(getattr(module, 'UNNAMED_CHECKS', ()))
-    return found
+        yield path, module
 
 
 def load(folder=HERE):
     """Return every MUTANTS entry of `folder`/nb*.py, in notebook order; names must be unique."""
     found, seen = [], {}
-    for path in sorted(Path(folder).glob('nb*.py')):
-        spec = importlib.util.spec_from_file_location(f'_mutants_{path.stem}', path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+    for path, module in modules(folder, 'nb*.py'):
         for mutant in getattr(module, 'MUTANTS', ()):
             if not isinstance(mutant, Mutant):
                 raise TypeError(f'{path.name}: MUTANTS holds {mutant!r}, not a Mutant')
