@@ -1,6 +1,8 @@
 """The mutation runner's verdicts, on a tiny fake course: caught, survived, broken, caught elsewhere."""
 
 import json
+import shutil
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -10,6 +12,7 @@ from verify.mutants import registry, run, verdicts
 from verify.mutants.checks import checks_in, named_check, unnamed_checks
 from verify.mutants.plant import Broken
 from verify.mutants.registry import Mutant
+from verify.mutants.running import TMPDIR_MAX, check_tmpdir
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -228,3 +231,32 @@ def test_a_failure_at_another_check_of_the_named_cell_is_not_a_catch(course):
     assert row.verdict == 'CAUGHT-ELSEWHERE', row.check
     assert row.check.startswith('[5] (not the check') and 'assert y + 1 == 4' in row.check
     assert verdict(course, mutant('y = 3', 'y = 4', 'y + 1 == 4')).verdict == 'CAUGHT'
+
+
+def test_a_runs_temporary_folder_leaves_room_for_a_dataloader_socket(course, monkeypatch):
+    """A long mutant name does not lengthen TMPDIR: DataLoader workers hang when their socket path is too long."""
+    seen = []
+
+    def fake_pytest(copy, args, tag, timeout):
+        seen.append(copy.parent / 'tmp')
+        return 0, [('nb', 'Cell 0', 'passed', '')], ''
+
+    monkeypatch.setattr(verdicts, 'pytest', fake_pytest)
+    long_name = Mutant(
+        'a-mutant-whose-name-goes-on-' * 3,
+        '00_fake',
+        'x is 2',
+        'notebooks/00_fake.ipynb',
+        'x = 2',
+        'x = 3',
+        'assert x == 2',
+    )
+    scratch = tempfile.mkdtemp(prefix='d2lpar-mutants-')  # as run.main makes it
+    try:
+        verdicts.run_mutant(long_name, root=course, scratch=scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    assert len(seen) == 1 and 'whose-name' not in str(seen[0])
+    check_tmpdir(seen[0])  # raises when too long
+    with pytest.raises(ValueError, match='set TMPDIR to a shorter folder'):
+        check_tmpdir(Path('/tmp') / ('x' * TMPDIR_MAX))

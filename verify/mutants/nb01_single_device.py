@@ -23,6 +23,16 @@ MUTANTS = [
         'd2lpar/visibility.py',
         old='    if 0 <= i < n:\n',
         new='    if 0 <= i <= n:\n',
+        # accepted, so no error to look at: the cell's `else` branch is what fails
+        catch="raise AssertionError('choose_gpu accepted an index that does not exist')",
+    ),
+    Mutant(
+        'choose-gpu-error-hides-the-index',
+        NB,
+        'choose_gpu says which index does not exist',
+        'd2lpar/visibility.py',
+        old="raise ValueError(f'GPU index {i} does not exist: this process sees",
+        new="raise ValueError(f'That GPU index does not exist: this process sees",
         catch="assert f'GPU index {bad} does not exist' in str(e)",
     ),
     Mutant(
@@ -62,7 +72,8 @@ MUTANTS += [
         FILE,
         old='out = wrong(data.to(where))',
         new='out = wrong(data)',
-        catch='assert out.device == where and out.shape == (4, 5)',
+        # the model's forward itself refuses data on another device: the cell fails there
+        catch='where = next(wrong.parameters()).device',
     ),
     Mutant(
         'timed-copy-copies-nothing',

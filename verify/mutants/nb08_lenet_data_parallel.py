@@ -262,8 +262,9 @@ MUTANTS += [
 # Checks no mutant names yet: each needs a mutant whose `catch` is in its text (then it leaves
 # this list), or the check goes (`run.py --unnamed` lists them).
 UNNAMED_CHECKS = [
-    # Not named yet: every bug tried that spoils the two-slot training fails the replica-identity
-    # check before it; a candidate (both slots sharing one replica, so each step is too big) is unrun.
+    # Implied by two earlier checks: one data-parallel step equals one SGD step (float64, cell
+    # 27) and one slot learns (cell 31). A bug confined to train() that spoils only the two-slot
+    # run was not found: both slots sharing one replica (a 4x step) still learns past min_acc.
     "assert two.test_acc > min_acc",
     # At the small workload every watched point is within the first 30 steps, so the `all(...)`
     # check just before it implies this one; it adds something only in the full run.

@@ -50,6 +50,7 @@ from verify.mutants.checks import unnamed_checks  # noqa: E402
 from verify.mutants.exercise_rows import checker_of, exercise_chapters, exercise_rows  # noqa: E402,F401
 from verify.mutants.plant import Broken, catch_cell, notebook_path, plant, truncate  # noqa: E402
 from verify.mutants.registry import load  # noqa: E402
+from verify.mutants.running import check_tmpdir  # noqa: E402
 from verify.mutants.verdicts import Row, run_mutant  # noqa: E402
 
 
@@ -165,6 +166,12 @@ def main(argv=None):
         return 1
 
     scratch = tempfile.mkdtemp(prefix='d2lpar-mutants-')
+    try:  # each run's TMPDIR is scratch/m-XXXXXXXX/tmp (verdicts.run_mutant): refuse now, not per row
+        check_tmpdir(Path(scratch) / 'm-XXXXXXXX' / 'tmp')
+    except ValueError as e:
+        shutil.rmtree(scratch, ignore_errors=True)
+        print(e, file=sys.stderr)
+        return 2
     start = time.monotonic()
     print(' | '.join(COLUMNS), flush=True)
     have = cuda_gpus() if any(m.gpus for m in mutants) else 0

@@ -11,6 +11,21 @@ ANSI = re.compile(r'(\x1b|#x1B)\[[0-9;]*m')
 ARROW = re.compile(r'^-*>\s*\d+\s(.*)$')  # IPython marks the failing line with ---->
 MARK = 'D2LPAR_MUTANT_RUN'  # carried by every process a run starts, so leftovers can be ended
 CELL_TIMEOUT = 300  # a planted bug may hang; a cell that times out fails
+# multiprocessing (a DataLoader's workers) opens a socket at TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX,
+# 32 bytes past TMPDIR, and AF_UNIX holds 104 bytes on macOS (108 on Linux): past that the workers
+# hang, they do not fail. A run's TMPDIR must leave that room.
+TMPDIR_MAX = 104 - 1 - len('/pymp-XXXXXXXX/listener-XXXXXXXX')
+
+
+def check_tmpdir(path):
+    """Raise ValueError when `path` is too long to be a run's TMPDIR (see TMPDIR_MAX)."""
+    size = len(os.fsencode(str(path)))
+    if size > TMPDIR_MAX:
+        raise ValueError(
+            f'verify/mutants: the scratch folder {path} is {size} bytes long, and a run inside it needs at '
+            f'most {TMPDIR_MAX} (DataLoader workers open sockets there); set TMPDIR to a shorter folder, '
+            'e.g. TMPDIR=/tmp make mutants'
+        )
 
 
 def end_leftovers(tag):
@@ -36,6 +51,7 @@ def pytest(copy, args, tag, timeout, first_failure_stops=True):
     """Run pytest in the copy as the test suite does; return (returncode, junit testcases, output)."""
     report = copy.parent / 'report.xml'
     tmp = copy.parent / 'tmp'
+    check_tmpdir(tmp)
     tmp.mkdir(exist_ok=True)
     env = dict(os.environ, PYTHONPATH=str(copy), TMPDIR=str(tmp), **{MARK: tag})
     cmd = [

@@ -2,7 +2,6 @@
 
 import json
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -24,8 +23,10 @@ class Row:
 def run_mutant(mutant, root=ROOT, scratch=None, control=False):
     """Plant `mutant` (or, with control=True, nothing) in a copy of `root`; return its Row."""
     start = time.monotonic()
-    safe = re.sub(r'[^\w-]', '_', mutant.name)  # a folder name, whatever the mutant's name
-    base = Path(tempfile.mkdtemp(prefix=f'mutant-{safe}-', dir=scratch))
+    # A short folder name, not the mutant's: the run's TMPDIR lies inside it, and a DataLoader
+    # worker's socket (TMPDIR/pymp-*/listener-*) must fit in AF_UNIX's 104-108 bytes. With
+    # the name here, a long one made nb07's loader workers hang instead of failing.
+    base = Path(tempfile.mkdtemp(prefix='m-', dir=scratch))
     copy = base / 'repo'
     label = '(control)' if control else mutant.name
     try:
