@@ -201,6 +201,25 @@ def test_a_mutant_whose_check_needs_a_gpu_is_not_run_without_one(course, monkeyp
     assert '1 rows: 1 CAUGHT' in capsys.readouterr().out
 
 
+def test_a_mutant_whose_check_needs_other_cores_is_not_run_here(course, monkeypatch, capsys):
+    """A check in a branch that depends on the cores (DataLoader workers) runs only where it is taken."""
+    fake = 'notebooks/00_fake.ipynb'
+    many = Mutant(
+        'on-many-cores', '00_fake', 'double doubles', fake, '2 * v', '3 * v', 'double(3) == 6', cores=range(4, 99)
+    )
+    few = Mutant('on-few-cores', '00_fake', 'x is 2', fake, 'x = 2', 'x = 3', 'assert x == 2', cores=range(1, 4))
+    monkeypatch.setattr(run, 'ROOT', course)
+    monkeypatch.setattr(run, 'load', lambda: [many, few])
+    monkeypatch.setattr(run, 'usable_cores', lambda: 2)
+    assert run.main(['--no-exercises']) == 0
+    out = capsys.readouterr().out
+    assert '1 CAUGHT, 1 OTHER-CORES' in out and 'its check runs with 4 to 98 usable cores; this machine has 2' in out
+    monkeypatch.setattr(run, 'usable_cores', lambda: 8)
+    assert run.main(['--no-exercises']) == 0
+    out = capsys.readouterr().out
+    assert '1 CAUGHT, 1 OTHER-CORES' in out and 'on-few-cores' in out.split('OTHER-CORES')[0].splitlines()[-1]
+
+
 def test_every_check_a_notebook_makes_is_named_by_a_mutant_or_listed_as_a_gap():
     """A check no planted bug names is a check nobody has seen fail (those that need a GPU count too).
 

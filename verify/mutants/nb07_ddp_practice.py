@@ -387,6 +387,48 @@ MUTANTS = [
         catch="assert r['pinned'] == (backend == 'nccl')  # pin_memory only where there is a GPU to copy to",
         gpus=2,
     ),
+    # The loader's checks take one branch per machine: with 2 ranks, loader_workers gives each rank
+    # workers only from 4 usable cores. Each mutant below runs where its branch does.
+    Mutant(
+        'loader-always-starts-a-worker',
+        NB,
+        'without workers the rank loads by itself',
+        SCRIPT,
+        old='sampler=sampler, num_workers=workers,',
+        new='sampler=sampler, num_workers=max(1, workers),',
+        catch="assert pids == [[r['pid']], [r['pid']]]  # no workers: the rank loads by itself",
+        cores=range(1, 4),
+    ),
+    Mutant(
+        'loader-ignores-its-workers',
+        NB,
+        'the workers, not the rank, load the batches',
+        SCRIPT,
+        old='num_workers=workers,\n                        persistent_workers=workers > 0,',
+        new='num_workers=0,\n                        persistent_workers=False,',  # the rank loads
+        catch="assert len(pids[0]) == r['workers'] and r['pid'] not in pids[0]  # other processes...",
+        cores=range(4, 1 << 16),
+    ),
+    Mutant(
+        'loader-workers-not-persistent',
+        NB,
+        'persistent workers are kept for the next epoch',
+        SCRIPT,
+        old='persistent_workers=workers > 0,',
+        new='persistent_workers=False,',
+        catch='assert pids[0] == pids[1]  # ...kept for the second epoch (persistent_workers)',
+        cores=range(4, 1 << 16),
+    ),
+    Mutant(
+        'loader-workers-leave-a-core-idle',
+        NB,
+        'one more worker each would not fit',
+        FILE,
+        old='return max(0, cores // nproc_per_node - 1)',
+        new='return max(0, cores // nproc_per_node - 2)',
+        catch='assert w == 0 or nproc * (w + 2) > cores  # and one more worker each would not',
+        cores=range(3, 1 << 16),
+    ),
 ]
 
 
@@ -395,16 +437,9 @@ MUTANTS = [
 UNNAMED_CHECKS = [
     # torch's own default, not the lesson's code: no bug of the lesson can fail it
     "assert torch.get_autocast_dtype('cpu') == torch.bfloat16",
-    # fails only when loader_workers leaves a core idle with w >= 1: needs >= 3 cores (this machine has 2)
-    'assert w == 0 or nproc * (w + 2) > cores  # and one more worker each would not',
     # torch's own: the DDP optimizer splits the one graph that holds every layer (checked just
     # above) and keeps its nodes; no bug of the lesson's code reaches this check first
     "assert sum(r['graphs_with_optimizer']) == r['layers']  # ...together holding every layer",
-    # the next two run only with workers (a node of >= 4 cores); this machine has 2
-    "assert len(pids[0]) == r['workers'] and r['pid'] not in pids[0]  # other processes...",
-    'assert pids[0] == pids[1]  # ...kept for the second epoch (persistent_workers)',
-    # the branch without workers: it runs here, but no mutant names it yet
-    "assert pids == [[r['pid']], [r['pid']]]  # no workers: the rank loads by itself",
     # on CPU every parameter is on 'cpu'; on NCCL a model on the wrong device (the CPU, another
     # rank's GPU) stops DDP's constructor before this report is written, so no mutant reaches it
     "assert r['param_device'] == (f'cuda:{rank}' if backend == 'nccl' else 'cpu')",

@@ -26,7 +26,9 @@ class Mutant:
     is given. run: a pytest node id or path to run instead of the notebook.
     quick: part of the fast subset CI runs. gpus: the CUDA GPUs torch must see for the
     catching check to run at all (its cell's CPU branch checks something else); on a machine
-    with fewer, the runner reports the mutant as NEEDS-GPU instead of running it.
+    with fewer, the runner reports the mutant as NEEDS-GPU instead of running it. cores: the
+    numbers of usable cores on which the catching check runs at all (a branch that depends on
+    them, e.g. DataLoader workers only from 4 cores); elsewhere the row reads OTHER-CORES.
     """
 
     name: str
@@ -39,6 +41,7 @@ class Mutant:
     run: str | None = None
     quick: bool = False
     gpus: int = 0
+    cores: range | None = None
 
 
 def unnamed_allowed(folder=HERE):

@@ -21,17 +21,20 @@ nbval, `-x`, the copy's conftest and PYTHONPATH). Verdicts:
   CONTROL-FAILED   (--control) the unmutated notebook fails at that cell too, so the failure proves nothing
   NEEDS-GPU        not run: its check runs only where torch sees `gpus` CUDA GPUs, and this machine has
                    fewer (`--gpu-only` on a GPU machine runs just these)
+  OTHER-CORES      not run: its check's branch runs only on machines with another number of usable
+                   cores (the mutant's `cores`), e.g. DataLoader workers from 4 cores
 
 The exercise checkers' wrong-answer tests (tests/exercises/, every test
 whose name says `wrong`) are rows of the same table: each is a planted wrong
 answer that its checker must reject with its hint, so a passing test reads
 CAUGHT and a failing one SURVIVED. They run in one pytest call (not with --quick:
 `make test` runs them anyway). Exit status 0 only when every row that ran is CAUGHT; the last
-line counts the NEEDS-GPU rows, which a CPU machine cannot prove either way.
+line counts the NEEDS-GPU and OTHER-CORES rows, which this machine cannot prove either way.
 """
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -83,14 +86,21 @@ def cuda_gpus():
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def needs_gpu_row(mutant, have):
-    return Row(
-        mutant.notebook,
-        mutant.claim,
-        mutant.name,
-        'NEEDS-GPU',
-        f'its check runs where torch sees {mutant.gpus} CUDA GPU(s); this machine has {have}',
-    )
+def usable_cores():
+    """Return the cores this process may use, as the notebooks count them."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
+
+
+def waiting_row(mutant, gpus, cores):
+    """Return the row of a mutant this machine cannot run (NEEDS-GPU, OTHER-CORES), or None."""
+    if mutant.gpus > gpus:
+        why = f'its check runs where torch sees {mutant.gpus} CUDA GPU(s); this machine has {gpus}'
+        return Row(mutant.notebook, mutant.claim, mutant.name, 'NEEDS-GPU', why)
+    if mutant.cores is not None and cores not in mutant.cores:
+        top = '' if mutant.cores.stop > 1024 else f' to {mutant.cores.stop - 1}'
+        why = f'its check runs with {mutant.cores.start}{top or " or more"} usable cores; this machine has {cores}'
+        return Row(mutant.notebook, mutant.claim, mutant.name, 'OTHER-CORES', why)
+    return None
 
 
 def apply_controls(rows, controls):
@@ -155,7 +165,7 @@ def main(argv=None):
         return 0
     if args.list:
         for m in mutants:
-            tag = 'quick' if m.quick else (f'{m.gpus} GPU' if m.gpus else '')
+            tag = 'quick' if m.quick else (f'{m.gpus} GPU' if m.gpus else ('cores' if m.cores else ''))
             print(f'{m.notebook:24} {tag:5} {m.name:34} {m.claim}')
         print(f'{len(mutants)} mutants')
         return 0
@@ -174,9 +184,9 @@ def main(argv=None):
         return 2
     start = time.monotonic()
     print(' | '.join(COLUMNS), flush=True)
-    have = cuda_gpus() if any(m.gpus for m in mutants) else 0
-    jobs = [m for m in mutants if m.gpus <= have]
-    waiting = [needs_gpu_row(m, have) for m in mutants if m.gpus > have]
+    have, cores = (cuda_gpus() if any(m.gpus for m in mutants) else 0), usable_cores()
+    jobs = [m for m in mutants if waiting_row(m, have, cores) is None]
+    waiting = [row for m in mutants if (row := waiting_row(m, have, cores)) is not None]
     for row in waiting:
         print_row(row)
     controls = []
@@ -230,11 +240,17 @@ def main(argv=None):
         + ', '.join(f'{n} {v}' for v, n in sorted(counts.items()))
         + f'; {time.monotonic() - start:.0f} s'
     )
-    if waiting:
+    gpu_rows = [r for r in waiting if r.verdict == 'NEEDS-GPU']
+    if gpu_rows:
         most = max(m.gpus for m in mutants)
         print(
-            f'{len(waiting)} NEEDS-GPU rows were not run (this machine: {have} CUDA GPU(s)): on a machine '
+            f'{len(gpu_rows)} NEEDS-GPU rows were not run (this machine: {have} CUDA GPU(s)): on a machine '
             f'with {most}, `make mutants MUTANTS_FLAGS=--gpu-only` runs them'
+        )
+    if len(waiting) > len(gpu_rows):
+        print(
+            f'{len(waiting) - len(gpu_rows)} OTHER-CORES rows were not run (this machine: {cores} usable '
+            'cores): their checks run on a machine with another number of cores'
         )
     return 1 if bad or not ran else 0  # a run that proved nothing (all NEEDS-GPU) is no pass
 
