@@ -97,8 +97,9 @@ def waiting_row(mutant, gpus, cores):
         why = f'its check runs where torch sees {mutant.gpus} CUDA GPU(s); this machine has {gpus}'
         return Row(mutant.notebook, mutant.claim, mutant.name, 'NEEDS-GPU', why)
     if mutant.cores is not None and cores not in mutant.cores:
-        top = '' if mutant.cores.stop > 1024 else f' to {mutant.cores.stop - 1}'
-        why = f'its check runs with {mutant.cores.start}{top or " or more"} usable cores; this machine has {cores}'
+        start, stop = mutant.cores.start, mutant.cores.stop
+        span = f'{start} or more' if stop > 1024 else f'{start} to {stop - 1}'
+        why = f'its check runs with {span} usable cores; this machine has {cores}'
         return Row(mutant.notebook, mutant.claim, mutant.name, 'OTHER-CORES', why)
     return None
 
@@ -185,8 +186,9 @@ def main(argv=None):
     start = time.monotonic()
     print(' | '.join(COLUMNS), flush=True)
     have, cores = (cuda_gpus() if any(m.gpus for m in mutants) else 0), usable_cores()
-    jobs = [m for m in mutants if waiting_row(m, have, cores) is None]
-    waiting = [row for m in mutants if (row := waiting_row(m, have, cores)) is not None]
+    here = [(m, waiting_row(m, have, cores)) for m in mutants]
+    jobs = [m for m, row in here if row is None]
+    waiting = [row for _, row in here if row is not None]
     for row in waiting:
         print_row(row)
     controls = []
