@@ -54,7 +54,7 @@ from verify.mutants.exercise_rows import checker_of, exercise_chapters, exercise
 from verify.mutants.plant import Broken, catch_cell, notebook_path, plant, truncate  # noqa: E402
 from verify.mutants.registry import load  # noqa: E402
 from verify.mutants.running import check_tmpdir  # noqa: E402
-from verify.mutants.verdicts import Row, run_mutant  # noqa: E402
+from verify.mutants.verdicts import RUN_FOLDER, Row, run_mutant  # noqa: E402
 
 
 # --------------------------------------------------------------------- main
@@ -178,7 +178,7 @@ def main(argv=None):
 
     scratch = tempfile.mkdtemp(prefix='d2lpar-mutants-')
     try:  # each run's TMPDIR is scratch/m-XXXXXXXX/tmp (verdicts.run_mutant): refuse now, not per row
-        check_tmpdir(Path(scratch) / 'm-XXXXXXXX' / 'tmp')
+        check_tmpdir(Path(scratch) / f'{RUN_FOLDER}XXXXXXXX' / 'tmp')
     except ValueError as e:
         shutil.rmtree(scratch, ignore_errors=True)
         print(e, file=sys.stderr)

@@ -12,6 +12,7 @@ from verify.mutants.plant import Broken, code_sources, copy_repo, notebook_path,
 from verify.mutants.running import CELL_TIMEOUT, failing_line, first_failure, pytest, tail
 
 ROOT = Path(__file__).resolve().parents[2]
+RUN_FOLDER = 'm-'  # each mutant's scratch folder: mkdtemp adds 8 characters (see run_mutant)
 
 
 class Row:
@@ -26,7 +27,7 @@ def run_mutant(mutant, root=ROOT, scratch=None, control=False):
     # A short folder name, not the mutant's: the run's TMPDIR lies inside it, and a DataLoader
     # worker's socket (TMPDIR/pymp-*/listener-*) must fit in AF_UNIX's 104-108 bytes. With
     # the name here, a long one made nb07's loader workers hang instead of failing.
-    base = Path(tempfile.mkdtemp(prefix='m-', dir=scratch))
+    base = Path(tempfile.mkdtemp(prefix=RUN_FOLDER, dir=scratch))
     copy = base / 'repo'
     label = '(control)' if control else mutant.name
     try:
