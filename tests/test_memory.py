@@ -1,5 +1,7 @@
 """StepMemory: the bytes of live tensor storages over a block, checked by hand counts."""
 
+import threading
+
 import torch
 from torch import nn
 
@@ -28,6 +30,18 @@ def test_a_view_adds_nothing_and_a_storage_resized_to_zero_stops_counting():
     assert mem.peak == 400 + 40
     assert mem.timeline[-1][1] == 40 + 4
     del view, one
+
+
+def test_settled_bytes_waits_for_a_buffer_another_thread_still_holds():
+    # as gloo's worker holds a finished collective's buffers a moment after wait() returns
+    with StepMemory() as mem:
+        holder = [torch.empty(1000)]  # 4000 bytes, made inside the block
+        release = threading.Timer(0.05, holder.clear)
+        release.start()
+        before = mem.bytes()
+        settled = mem.settled_bytes()
+    release.join()
+    assert before == 4000 and settled == 0, (before, settled)
 
 
 def test_the_peak_of_a_training_step_is_above_its_end():

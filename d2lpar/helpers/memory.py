@@ -13,8 +13,15 @@ maximum is the peak, the number that decides whether a step fits.
 
 What it does not see: memory that C++ code allocates without creating a tensor
 (the gloo transport's own buffers, the allocator's caching and fragmentation).
+
+A collective's buffers may outlive their use by a moment: gloo's worker thread
+drops its reference to a finished collective only after `wait()` has returned
+(`ProcessGroupGloo::runLoop` in torch/csrc/distributed/c10d/ProcessGroupGloo.cpp),
+so a buffer the step no longer holds may still count. `settled_bytes` waits
+for such releases before it reads.
 """
 
+import time
 import weakref
 
 import torch
@@ -75,6 +82,21 @@ class StepMemory(TorchDispatchMode):
     def bytes(self):
         """Return the bytes of the storages alive now (at their current size)."""
         return sum(s.nbytes() for s in (ref() for ref in list(self.storages.values())) if s is not None)
+
+    def settled_bytes(self, quiet=0.1, timeout=10.0):
+        """Return `bytes()` once no storage has been freed for `quiet` seconds (at most `timeout`).
+
+        Call it where no operation of this process runs: the wait lets other threads (a
+        collective's worker) release what they still hold of the finished collectives.
+        """
+        start = last_change = time.monotonic()
+        held = self.bytes()
+        while time.monotonic() - last_change < quiet and time.monotonic() - start < timeout:
+            time.sleep(quiet / 10)  # releases the GIL, which a releasing thread needs
+            now = self.bytes()
+            if now != held:
+                held, last_change = now, time.monotonic()
+        return held
 
     def sample(self, what=''):
         self.timeline.append((len(self.timeline), self.bytes()))

@@ -155,27 +155,36 @@ MUTANTS = [
         notebook=NB,
         claim='reshard_after_forward=False holds every parameter whole between the passes (4P bytes more)',
         target=TARGET,
-        old="forward, between = gathers(comm, 'allgather'), mem.bytes()",
+        old="forward, between = gathers(comm, 'allgather'), mem.settled_bytes()",
         new="forward, between = gathers(comm, 'allgather'), mem.peak",
         catch="assert res['False']['between'] - res['True']['between'] == 4 * P",
     ),
     Mutant(
         name='zero3-formula-keeps-whole-parameters',
         notebook=NB,
-        claim="FSDP2's peak = the ZeRO-3 formula plus a few layers in flight",
+        claim="FSDP2's peak = the ZeRO-3 formula plus the layers in flight",
         target='d2lpar/lessons/nb10_zero.py',
         old="'zero3': (n, n, n)}",
         new="'zero3': (1, n, n)}",
-        catch="assert zero3 <= res['True']['peak'] <= zero3 + 5 * layer_bytes",
+        catch="assert zero3 <= res['True']['peak'] <= zero3 + (4 + 2) * layer_bytes",
+    ),
+    Mutant(
+        name='zero3-formula-forgets-the-optimizer-state',
+        notebook=NB,
+        claim="FSDP2's peak = the ZeRO-3 formula plus the layers in flight",
+        target='d2lpar/lessons/nb10_zero.py',
+        old="return num_params * (bytes_param / p + bytes_grad / g + bytes_state / s)",
+        new="return num_params * (bytes_param / p + bytes_grad / g)",
+        catch="assert zero3 <= res['True']['peak'] <= zero3 + (4 + 2) * layer_bytes",
     ),
     Mutant(
         name='hand-zero3-keeps-gathered-parameters',
         notebook=NB,
-        claim="FSDP2's peak = hand ZeRO-3's, within a layer",
+        claim="FSDP2 with True holds just what hand ZeRO-3 holds between the passes",
         target='d2lpar/lessons/nb10_zero.py',
         old='                layer.register_forward_hook(lambda m, args, out: self.free(m))\n',
         new='',
-        catch="assert abs(res['True']['peak'] - res['hand ZeRO-3']['peak']) < layer_bytes",
+        catch="assert res['True']['between'] == res['hand ZeRO-3']['between']",
     ),
     Mutant(
         name='selective-keeps-the-gelus-not-the-products',
@@ -207,7 +216,6 @@ UNNAMED_CHECKS = [
     # reshard_after_forward=2 (an int: a copy sharded over 2 ranks) is torch's; a bug that changes
     # what the script measures fails the False check just before it first.
     "assert res['2']['between'] - res['True']['between'] == 4 * P / 2",
-    "assert res['True']['peak'] < res['2']['peak'] < res['False']['peak']",
     # checkpointing changes no gradient: torch's; every bug of the wrappers tried changes the
     # products counted first.
     "assert all(torch.allclose(a, b) for a, b in zip(ac[mode]['grads'], ac['none']['grads']))",
