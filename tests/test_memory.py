@@ -1,6 +1,7 @@
 """StepMemory: the bytes of live tensor storages over a block, checked by hand counts."""
 
 import threading
+import time
 
 import torch
 from torch import nn
@@ -34,12 +35,20 @@ def test_a_view_adds_nothing_and_a_storage_resized_to_zero_stops_counting():
 
 def test_settled_bytes_waits_for_a_buffer_another_thread_still_holds():
     # as gloo's worker holds a finished collective's buffers a moment after wait() returns
+    counted = threading.Event()
+
+    def release_later():
+        counted.wait()
+        time.sleep(0.05)
+        holder.clear()
+
     with StepMemory() as mem:
         holder = [torch.empty(1000)]  # 4000 bytes, made inside the block
-        release = threading.Timer(0.05, holder.clear)
+        release = threading.Thread(target=release_later)
         release.start()
         before = mem.bytes()
-        settled = mem.settled_bytes()
+        counted.set()
+        settled = mem.settled_bytes(quiet=1.0)  # far longer than the thread's delay
     release.join()
     assert before == 4000 and settled == 0, (before, settled)
 
