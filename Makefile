@@ -74,5 +74,5 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check $(TORCH) -e '.[course]'
 	touch $@
 
-clean:
-	rm -rf $(VENV) *.egg-info build
+clean:  ## remove both virtual environments (about 11 GiB) and the build
+	rm -rf $(VENV) .venv-floor *.egg-info build
