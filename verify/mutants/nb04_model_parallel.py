@@ -59,7 +59,7 @@ MUTANTS = [
         FILE,
         old="    for name, chunks in [('naive split', 1), ('GPipe', m)]:\n        start",
         new="    for name, chunks in [('naive split', 1), ('GPipe', 1)]:\n        start",
-        catch='assert speedup > 1 + noise',
+        catch="assert best['GPipe'] < ideal['naive split']",
     ),
     Mutant(
         'one-thread-gpipe-unscaled',
